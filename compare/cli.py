@@ -1,0 +1,78 @@
+"""`native-loops`: the command line. Run `native-loops --help`; `make compare` runs `native-loops compare`.
+
+Every subcommand takes --data/--asset/--split/--end. Problems the user can fix print one line on stderr and
+exit with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from compare import commands
+from compare import data as har_data
+from compare.errors import NativeLoopsError
+from keras_side.config import ENGINES, TrainConfig
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, rv_5min); "
+                   "default: the embedded synthetic panel")
+    p.add_argument("--asset", default=har_data.DEFAULT_ASSET, help="asset to model (default: %(default)s)")
+    p.add_argument("--split", default=har_data.DEFAULT_SPLIT, help="first test day (default: %(default)s)")
+    p.add_argument("--end", default=None, help="last test day (default: the last day of the data)")
+
+
+def _train_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="native-loops", description=__doc__.splitlines()[0])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("data", help="write the synthetic panel and summarize a data set")
+    _data_options(p)
+    p.add_argument("--out", metavar="FILE", help="write the synthetic panel (parquet) here")
+    p.add_argument("--seed", type=int, default=har_data.DEFAULT_DATA_SEED, help="generator seed")
+
+    p = sub.add_parser("models", help="list the layers of every model builder")
+    p.add_argument("--engine", choices=ENGINES, default="jax")
+
+    p = sub.add_parser("train", help="train one path in this process and print its slopes, test MSE and time")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--path", required=True, help="keras-<engine> or <engine>-native, e.g. jax-native")
+
+    p = sub.add_parser("compare", help="every path on every engine, the parity checks and the report")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
+    p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    return top
+
+
+COMMANDS = {
+    "data": commands.data,
+    "models": commands.models,
+    "train": commands.train,
+    "compare": commands.compare,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except NativeLoopsError as err:
+        print(f"native-loops: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("native-loops: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""From a daily panel to the float32 arrays every path trains on.
+
+    validate schema -> log RV -> HAR features (d1, s5, m22, lev: all known the evening before)
+    -> date split (train < split <= test) -> standardize with TRAINING statistics only -> HarData
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from compare import synthetic
+from compare.errors import HarDataError
+from keras_side.config import HarData, Scaling
+
+COLUMNS = ("fecha", "activo", "rendimiento", "rv_5min")
+HAR = ("d1", "s5", "m22")
+LEVERAGE = ("lev",)  # min(r_{t-1}, 0): yesterday's negative return
+DEFAULT_ASSET = "indice"
+DEFAULT_SPLIT = "2018-01-01"
+DEFAULT_DATA_SEED = 0
+# Below this a side of the split cannot carry a 22-day window, four coefficients and a validation curve.
+MIN_ROWS_PER_SIDE = 50
+
+
+def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED) -> tuple[pd.DataFrame, str]:
+    """The user's parquet or CSV, validated; or the embedded synthetic panel when `path` is None.
+
+    Returns the panel and a one-line description of its source.
+    """
+    if path is None:
+        return synthetic.simulate(seed), f"synthetic(seed={seed})"
+    path = Path(path)
+    if not path.is_file():
+        raise HarDataError(f"data file {str(path)!r} does not exist; pass an existing parquet or CSV with --data")
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".pq", ".csv"):
+        raise HarDataError(f"data file {str(path)!r} is neither .parquet nor .csv; convert it or rename it")
+    try:
+        frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+    except Exception as err:  # any reader failure is the same user problem: the file is not what it says
+        kind = "CSV" if suffix == ".csv" else "parquet"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise HarDataError(f"cannot read {str(path)!r} as {kind} ({reason}); check the file is not damaged") from None
+    return validate(frame), str(path)
+
+
+def validate(frame: pd.DataFrame) -> pd.DataFrame:
+    """Check the columns and values; return a clean copy sorted by asset and date."""
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        hints = []
+        for col in missing:
+            close = difflib.get_close_matches(col, [str(c) for c in frame.columns], n=1)
+            hints.append(f"{col!r}" + (f" (found {close[0]!r}: rename it)" if close else ""))
+        raise HarDataError(f"missing column(s) {', '.join(hints)}; the data needs columns {', '.join(COLUMNS)}")
+    frame = frame[list(COLUMNS)].copy()
+    try:
+        frame["fecha"] = pd.to_datetime(frame["fecha"])
+    except (ValueError, TypeError):
+        raise HarDataError("column 'fecha' has values that are not dates; write them as YYYY-MM-DD") from None
+    frame["activo"] = frame["activo"].astype(str)
+    for col in ("rendimiento", "rv_5min"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    _require_finite(frame, "rendimiento", frame["rendimiento"].notna(), "must be a number")
+    _require_finite(frame, "rv_5min", frame["rv_5min"] > 0, "realized variance must be > 0")
+    dup = frame.duplicated(["fecha", "activo"])
+    if dup.any():
+        first = frame[dup].iloc[0]
+        raise HarDataError(
+            f"{int(dup.sum())} duplicate (fecha, activo) rows (first on {first.fecha:%Y-%m-%d}, asset "
+            f"{first.activo!r}); keep one row per asset and day"
+        )
+    return frame.sort_values(["activo", "fecha"], ignore_index=True)
+
+
+def _require_finite(frame: pd.DataFrame, col: str, ok: pd.Series, why: str) -> None:
+    bad = ~ok.fillna(False).astype(bool)
+    if bad.any():
+        first = frame[bad].iloc[0]
+        raise HarDataError(
+            f"{col!r} has {int(bad.sum())} missing or invalid values (first on {first.fecha:%Y-%m-%d}, "
+            f"asset {first.activo!r}); {why}"
+        )
+
+
+def har_features(panel: pd.DataFrame, asset: str) -> pd.DataFrame:
+    """One asset's HAR design, indexed by date: features known on the evening of t-1, target y = log RV_t."""
+    known = sorted(panel["activo"].unique())
+    if asset not in known:
+        raise HarDataError(f"unknown asset {asset!r}; the data has {', '.join(known)} (choose one with --asset)")
+    one = panel[panel["activo"] == asset].set_index("fecha")
+    log_rv = np.log(one["rv_5min"])
+    out = pd.DataFrame(
+        {
+            "d1": log_rv.shift(1),
+            "s5": log_rv.rolling(5).mean().shift(1),
+            "m22": log_rv.rolling(22).mean().shift(1),
+            "lev": one["rendimiento"].clip(upper=0.0).shift(1),
+            "y": log_rv,
+        }
+    )
+    return out.dropna()
+
+
+def split_dates(design: pd.DataFrame, split: str, end: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train: before `split`. Test: from `split` to `end` (inclusive; default the last day)."""
+    split_ts = _date(split, "--split")
+    end_ts = _date(end, "--end") if end is not None else design.index.max()
+    first, last = design.index.min(), design.index.max()
+    if not first < split_ts <= last:
+        raise HarDataError(
+            f"split date {split_ts:%Y-%m-%d} is outside the data ({first:%Y-%m-%d} to {last:%Y-%m-%d}); "
+            "pick a --split date inside it"
+        )
+    if end_ts < split_ts:
+        raise HarDataError(f"end date {end_ts:%Y-%m-%d} is before the split date {split_ts:%Y-%m-%d}; move --end")
+    train = design[design.index < split_ts]
+    test = design[(design.index >= split_ts) & (design.index <= end_ts)]
+    for name, side in (("training", train), ("test", test)):
+        if len(side) < MIN_ROWS_PER_SIDE:
+            raise HarDataError(
+                f"only {len(side)} {name} rows (need at least {MIN_ROWS_PER_SIDE}); move --split or --end"
+            )
+    return train, test
+
+
+def _date(text: str, flag: str) -> pd.Timestamp:
+    try:
+        return pd.Timestamp(text)
+    except (ValueError, TypeError):
+        raise HarDataError(f"{flag} {text!r} is not a date; write it as YYYY-MM-DD") from None
+
+
+def standardize(
+    train: pd.DataFrame, test: pd.DataFrame, inputs: tuple[tuple[str, ...], ...], *, asset: str, source: str,
+    extra_inputs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> HarData:
+    """Scale with training statistics only; group the columns into the model's inputs (float32)."""
+    names = tuple(c for group in inputs for c in group)
+    x_mean = train[list(names)].mean().to_numpy()
+    x_std = train[list(names)].std(ddof=0).to_numpy()
+    y_mean, y_std = float(train["y"].mean()), float(train["y"].std(ddof=0))
+    scaling = Scaling(x_mean=x_mean, x_std=x_std, y_mean=y_mean, y_std=y_std)
+
+    def arrays(side: pd.DataFrame):
+        z = ((side[list(names)].to_numpy() - x_mean) / x_std).astype(np.float32)
+        groups, i = [], 0
+        for group in inputs:
+            groups.append(z[:, i : i + len(group)])
+            i += len(group)
+        y = ((side["y"].to_numpy() - y_mean) / y_std).astype(np.float32).reshape(-1, 1)
+        return groups, y
+
+    (x_train, y_train), (x_test, y_test) = arrays(train), arrays(test)
+    if extra_inputs is not None:
+        x_train.append(extra_inputs[0])
+        x_test.append(extra_inputs[1])
+    pack = (lambda g: tuple(g)) if len(x_train) > 1 else (lambda g: g[0])
+    return HarData(pack(x_train), y_train, pack(x_test), y_test, scaling, names, asset, source)
+
+
+def prepare(
+    panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT, end: str | None = None,
+    leverage: bool = False, source: str = "",
+) -> HarData:
+    """The HAR data set of one asset: one input (d1, s5, m22), or two with `leverage` (HAR means; lev)."""
+    train, test = split_dates(har_features(panel, asset), split, end)
+    inputs = (HAR, LEVERAGE) if leverage else (HAR,)
+    return standardize(train, test, inputs, asset=asset, source=source)
+
+
+def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str | None = None, source: str = "") -> HarData:
+    """All assets stacked, for the panel model: inputs (d1, s5, m22) and the integer asset id (n, 1)."""
+    assets = sorted(panel["activo"].unique())
+    sides = [split_dates(har_features(panel, a), split, end) for a in assets]
+    train = pd.concat([s[0] for s in sides])
+    test = pd.concat([s[1] for s in sides])
+    ids = [np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(sides)]) for k in (0, 1)]
+    return standardize(train, test, (HAR,), asset="all", source=source, extra_inputs=(ids[0], ids[1]))

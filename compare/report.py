@@ -1,0 +1,52 @@
+"""What the user reads: terminal tables (rich), report.json and the figures."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from compare.reference import Ols
+from compare.synthetic import TrueProcess
+from keras_side.config import HarData, TrainConfig, versions
+
+
+@functools.cache
+def console() -> Console:
+    # A pipe or CI log gets a fixed, wide table rather than rich's 80 columns.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+
+
+def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], truth: TrueProcess | None) -> None:
+    """Rows and dates per asset, the true process when known, and OLS per asset (original units)."""
+    out = console()
+    out.print(f"[bold]data[/bold]: {source}, {len(panel):,} rows")
+    table = Table("asset", "rows", "first", "last", "d1", "s5", "m22", "intercept", "test MSE",
+                  title="OLS per asset (HAR on log RV, train < split <= test)")
+    by_asset = panel.groupby("activo")["fecha"].agg(["count", "min", "max"])
+    for asset, fit in fits.items():
+        row = by_asset.loc[asset]
+        table.add_row(asset, f"{row['count']:,}", f"{row['min']:%Y-%m-%d}", f"{row['max']:%Y-%m-%d}",
+                      *(f"{s:.4f}" for s in fit.slopes), f"{fit.intercept:.4f}", f"{fit.test_mse:.4f}")
+    out.print(table)
+    if truth is not None:
+        t = truth.as_dict()
+        slopes = ", ".join(f"{k} {v:.2f}" for k, v in t["slopes"].items())
+        out.print(f"true process: slopes {slopes} (persistence {truth.persistence:.2f})")
+        out.print("  leverage on min(r_t-1, 0): " + ", ".join(f"{a} {v:+.2f}" for a, v in t["leverage"].items()))
+        out.print("  levels: " + ", ".join(f"{a} {v:+.3f}" for a, v in t["level"].items()))
+        out.print("  sigma:  " + ", ".join(f"{a} {v:.2f}" for a, v in t["sigma"].items()))
+
+
+def report_json(data: HarData, ols: Ols, cfg: TrainConfig) -> dict:
+    """The machine-readable report (see README): config, seed, versions, data, OLS in original units."""
+    return {
+        "config": dataclasses.asdict(cfg),
+        "seed": cfg.seed,
+        "versions": versions(),
+        "data": {"source": data.source, "asset": data.asset, "n_train": data.n_train, "n_test": data.n_test},
+        "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse},
+    }

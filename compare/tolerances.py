@@ -1,0 +1,24 @@
+"""Every tolerance the checks and tests use, with the reason for its size. Compare structure before values."""
+
+# Training reaches the known answer.
+OLS_MSE_RTOL = 0.005  # test MSE within 0.5% of OLS: 40 epochs of Adam(0.01) on a convex problem
+SLOPE_ATOL = 0.05  # each slope within 0.05 of OLS (original units): Adam jitters around the optimum
+
+# Gradients against the float64 formula 2/n·Xᵀ(Xw+b−y).
+GRAD_RTOL_F32 = 1e-5  # float32 sums of 256 terms: ~sqrt(256)·6e-8 plus rounding of the inputs
+GRAD_RTOL_F64 = 1e-12  # float64 sums of 256 terms: ~sqrt(256)·1.1e-16, with wide margin
+FD_RTOL = 1e-7  # central differences in float64, step 1e-6: truncation ~h², cancellation ~1e-16/h
+
+# Moving weights between engines.
+PORTABLE_ATOL = 1e-6  # standardized units: the same float32 weights, each engine's own float32 matmul
+# Same init, same batches, same Adam: after 800 steps the engines differ only by float32 reduction order.
+SAME_ARITHMETIC_ATOL = 1e-5
+
+# Within one engine.
+SCAN_VS_LOOP_ATOL = 1e-6  # the fused lax.scan driver against the Python loop over the same jitted step
+MODEL_API_ATOL = 1e-6  # Sequential, Functional and subclass MLPs with copied weights, float32
+SHARPE_RTOL = 1e-6  # keras.ops Sharpe ratio against pandas (ddof=0), float32 vs float64 means
+
+# Statistics.
+OLS_VS_STATSMODELS_ATOL = 1e-8  # two float64 least-squares solvers on a well-conditioned design
+TRUTH_STD_ERRORS = 3.0  # OLS recovers the true slopes within this many standard errors

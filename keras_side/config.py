@@ -1,0 +1,150 @@
+"""The shapes every path shares: the training config, the prepared data, and a path's result.
+
+Nothing here imports Keras or an engine, so the runner can build and read these before any backend exists.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+ENGINES = ("torch", "jax", "tensorflow")
+PACKAGES = ("keras", "numpy", "torch", "jax", "jaxlib", "optax", "tensorflow-cpu", "tensorflow")
+
+# "engine": each engine draws its own batch order from the seed (torch.Generator, jax.random, tf stateless ops,
+# Keras's own shuffle in fit). "numpy": every path uses the same NumPy permutation per epoch, so only the
+# arithmetic can differ (the referee's "same arithmetic" check).
+BatchOrder = Literal["engine", "numpy"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How every path trains. Adam's epsilon is stated here because the engines' defaults differ
+    (Keras 1e-7, torch and optax 1e-8): the config decides and every path obeys."""
+
+    epochs: int = 40
+    batch_size: int = 128
+    learning_rate: float = 0.01
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    seed: int = 0
+    batch_order: BatchOrder = "engine"
+    validate: bool = True  # compute the validation loss after every epoch
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
+        if self.batch_order not in ("engine", "numpy"):
+            raise ValueError(f"batch_order must be 'engine' or 'numpy', got {self.batch_order!r}")
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Training-set statistics: standardized = (original - mean) / std."""
+
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float
+    y_std: float
+
+    def to_original(self, kernel: np.ndarray, bias: float) -> tuple[float, np.ndarray]:
+        """Map a linear model fitted in standardized units back to original units: (intercept, slopes)."""
+        slopes = np.asarray(kernel, np.float64).reshape(-1) * self.y_std / self.x_std
+        intercept = self.y_mean + self.y_std * float(np.asarray(bias).reshape(-1)[0]) - float(slopes @ self.x_mean)
+        return intercept, slopes
+
+
+@dataclass(frozen=True)
+class HarData:
+    """Float32 model inputs and targets (standardized with training statistics) plus what maps them back.
+
+    `x_train`/`x_test` are one array, or a tuple of arrays for models with several inputs (panel, leverage).
+    """
+
+    x_train: np.ndarray | tuple[np.ndarray, ...]
+    y_train: np.ndarray
+    x_test: np.ndarray | tuple[np.ndarray, ...]
+    y_test: np.ndarray
+    scaling: Scaling
+    features: tuple[str, ...]
+    asset: str
+    source: str
+
+    @property
+    def n_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.y_test)
+
+
+def take(x, idx):
+    """Rows `idx` of one input array or of each array of a multi-input tuple."""
+    return tuple(a[idx] for a in x) if isinstance(x, tuple) else x[idx]
+
+
+def batch_slices(n: int, batch_size: int) -> list[slice]:
+    """Consecutive batches over n rows; the last one is short when batch_size does not divide n."""
+    return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def numpy_orders(seed: int, n: int, epochs: int) -> np.ndarray:
+    """One NumPy permutation of the n rows per epoch: the batch order shared by every path when
+    `batch_order="numpy"`."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(n) for _ in range(epochs)])
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the libraries a result depends on (read from metadata, nothing imported)."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+@dataclass
+class Result:
+    """What one training path produced. Weights are NumPy in `model.weights` order; losses in original units
+    (log RV squared); `test_pred` in standardized units (what crosses engines)."""
+
+    path: str
+    engine: str
+    weights: list[np.ndarray]
+    train_loss: list[float]
+    val_loss: list[float]
+    test_pred: np.ndarray
+    train_seconds: float
+    compile_seconds: float | None = None
+    seed: int = 0
+    versions: dict[str, str] = field(default_factory=versions)
+
+    def save(self, folder: Path) -> None:
+        """Write `<path>.json` (everything but arrays) and `<path>.npz` (weights, predictions)."""
+        folder = Path(folder)
+        meta = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("weights", "test_pred")}
+        arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | {"test_pred": self.test_pred}
+        np.savez(folder / f"{self.path}.npz", **arrays)
+        (folder / f"{self.path}.json").write_text(json.dumps(meta, indent=1))
+
+    @classmethod
+    def load(cls, folder: Path, path: str) -> Result:
+        folder = Path(folder)
+        meta = json.loads((folder / f"{path}.json").read_text())
+        with np.load(folder / f"{path}.npz") as z:
+            weights = [z[f"w{i}"] for i in range(len(z.files) - 1)]
+            test_pred = z["test_pred"]
+        return cls(weights=weights, test_pred=test_pred, **meta)

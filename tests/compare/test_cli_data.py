@@ -1,0 +1,86 @@
+"""Bad input through the CLI: one line on stderr naming problem and fix, exit 2, nothing written."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from compare import cli, synthetic
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, panel):
+    folder = tmp_path_factory.mktemp("inputs")
+    good = panel.copy()
+
+    def write(name, frame):
+        frame.to_parquet(folder / name, index=False)
+        return str(folder / name)
+
+    bad_rv = good.copy()
+    bad_rv.loc[[40, 41, 900], "rv_5min"] = [np.nan, 0.0, -1.0]
+    (folder / "garbage.parquet").write_bytes(b"this is not parquet")
+    return {
+        "good": write("good.parquet", good),
+        "missing": str(folder / "nope.parquet"),
+        "garbage": str(folder / "garbage.parquet"),
+        "columns": write("columns.parquet", good.rename(columns={"activo": "asset"})),
+        "bad_rv": write("bad_rv.parquet", bad_rv),
+        "duplicates": write("dup.parquet", good.iloc[list(range(100)) + [7]]),
+    }
+
+
+CASES = [
+    (["--data", "missing"], "does not exist"),
+    (["--data", "garbage"], "cannot read"),
+    (["--data", "columns"], "missing column(s) 'activo'"),
+    (["--data", "good", "--asset", "bitcoin"], "unknown asset 'bitcoin'; the data has accion, bono, cripto"),
+    (["--data", "bad_rv"], "'rv_5min' has 3 missing or invalid values (first on"),
+    (["--data", "duplicates"], "1 duplicate (fecha, activo) rows"),
+    (["--data", "good", "--split", "2025-12-20"], "only "),
+    (["--data", "good", "--split", "1999-01-01"], "split date 1999-01-01 is outside the data"),
+    (["--data", "good", "--split", "someday"], "--split 'someday' is not a date"),
+]
+
+
+def resolve(args, files):
+    return [files.get(a, a) for a in args]
+
+
+@pytest.mark.parametrize("args, message", CASES, ids=[c[1].split()[0].strip("'") + str(i) for i, c in enumerate(CASES)])
+def test_bad_input_compare(files, tmp_path, capsys, args, message):
+    out = tmp_path / "run"
+    code = cli.main(["compare", *resolve(args, files), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_data_command(files, tmp_path, capsys):
+    code = cli.main(["data", "--data", files["good"], "--out", str(tmp_path / "x.parquet")])
+    assert code == 2 and "cannot be combined with --data" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_folder_must_be_new(files, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("earlier run")
+    code = cli.main(["compare", "--data", files["good"], "--out", str(tmp_path)])
+    assert code == 2 and "already exists and is not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_real_process_exit_code_and_no_traceback(files, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "compare.cli", "data", "--data", files["missing"]],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_data_command_writes_and_summarizes(tmp_path, capsys):
+    out = tmp_path / "panel.parquet"
+    assert cli.main(["data", "--out", str(out), "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    for expected in ("synthetic(seed=3)", "OLS per asset", "true process", "leverage", *synthetic.ASSETS):
+        assert expected in text
+    assert [p.name for p in tmp_path.iterdir()] == ["panel.parquet"]

@@ -1,0 +1,121 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from compare import data, synthetic
+from compare.errors import HarDataError
+
+
+def test_generator_is_deterministic_and_seeded(tmp_path):
+    a, b, c = tmp_path / "a.parquet", tmp_path / "b.parquet", tmp_path / "c.parquet"
+    synthetic.write_parquet(synthetic.simulate(7), a, seed=7)
+    synthetic.write_parquet(synthetic.simulate(7), b, seed=7)
+    synthetic.write_parquet(synthetic.simulate(8), c, seed=8)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+
+
+def test_panel_shape(panel):
+    assert list(panel.columns) == list(data.COLUMNS)
+    counts = panel.groupby("activo").size()
+    assert sorted(counts.index) == sorted(synthetic.ASSETS)
+    assert (counts.between(4400, 4700)).all()  # "about 4,500 sessions per asset"
+    assert (panel["rv_5min"] > 0).all() and np.isfinite(panel["rv_5min"]).all()
+    assert panel["fecha"].min() >= pd.Timestamp(synthetic.START)
+    assert panel["fecha"].max() <= pd.Timestamp(synthetic.END)
+    assert not (panel["fecha"].dt.month.eq(12) & panel["fecha"].dt.day.eq(25)).any()
+
+
+def test_parquet_round_trip_through_loader(tmp_path, panel):
+    path = tmp_path / "p.parquet"
+    synthetic.write_parquet(panel, path, seed=0)
+    loaded, source = data.load_panel(path)
+    assert source == str(path)
+    pd.testing.assert_frame_equal(loaded, data.validate(panel))
+
+
+def test_csv_loader(tmp_path, panel):
+    path = tmp_path / "p.csv"
+    panel.to_csv(path, index=False)
+    loaded, _ = data.load_panel(path)
+    np.testing.assert_allclose(loaded["rv_5min"], data.validate(panel)["rv_5min"], rtol=1e-12)
+
+
+def test_no_look_ahead(panel):
+    """Changing day t's target changes no feature on day t or before."""
+    asset = data.DEFAULT_ASSET
+    before = data.har_features(panel, asset)
+    day = before.index[1000]
+    changed = panel.copy()
+    row = (changed["activo"] == asset) & (changed["fecha"] == day)
+    changed.loc[row, "rv_5min"] *= 50.0
+    changed.loc[row, "rendimiento"] = -0.5
+    after = data.har_features(changed, asset)
+    features = ["d1", "s5", "m22", "lev"]
+    pd.testing.assert_frame_equal(before.loc[:day, features], after.loc[:day, features])
+    assert after.loc[day, "y"] != before.loc[day, "y"]
+    assert after.index[1001] > day and after.loc[after.index[1001], "d1"] != before.loc[before.index[1001], "d1"]
+
+
+def test_features_are_har_means(panel):
+    one = panel[panel["activo"] == "oro"].set_index("fecha")
+    log_rv = np.log(one["rv_5min"].to_numpy())
+    design = data.har_features(panel, "oro")
+    t = one.index.get_loc(design.index[100])
+    row = design.iloc[100]
+    np.testing.assert_allclose([row.d1, row.s5, row.m22, row.y],
+                               [log_rv[t - 1], log_rv[t - 5:t].mean(), log_rv[t - 22:t].mean(), log_rv[t]])
+    assert row.lev == min(one["rendimiento"].iloc[t - 1], 0.0)
+
+
+def test_standardization_uses_training_rows_only(panel):
+    base = data.prepare(panel)
+    changed = panel.copy()
+    test_rows = (changed["activo"] == "indice") & (changed["fecha"] >= "2020-01-01")
+    changed.loc[test_rows, "rv_5min"] *= 3.0
+    after = data.prepare(changed)
+    for field in ("x_mean", "x_std", "y_mean", "y_std"):
+        np.testing.assert_array_equal(getattr(base.scaling, field), getattr(after.scaling, field))
+    assert not np.array_equal(base.y_test, after.y_test)
+    np.testing.assert_allclose(base.x_train.mean(axis=0), 0, atol=1e-6)
+    np.testing.assert_allclose(base.y_train.std(), 1, atol=1e-6)
+
+
+def test_split_and_types(har):
+    assert har.x_train.dtype == np.float32 and har.y_train.shape == (har.n_train, 1)
+    assert har.features == data.HAR
+    assert 2300 < har.n_train < 2600 and 1900 < har.n_test < 2100
+
+
+def test_multi_input_layouts(panel):
+    lev = data.prepare(panel, leverage=True)
+    assert isinstance(lev.x_train, tuple) and [a.shape[1] for a in lev.x_train] == [3, 1]
+    pooled = data.prepare_panel(panel)
+    assert pooled.x_train[1].dtype == np.int32
+    assert sorted(np.unique(pooled.x_train[1])) == list(range(6))
+
+
+def test_scaling_maps_back_to_original_units(har, ols_fit):
+    """The standardized least-squares fit, mapped back, is the original-units OLS."""
+    design = np.column_stack([np.ones(har.n_train), har.x_train.astype(np.float64)])
+    coef, *_ = np.linalg.lstsq(design, har.y_train[:, 0].astype(np.float64), rcond=None)
+    intercept, slopes = har.scaling.to_original(coef[1:], coef[:1])
+    np.testing.assert_allclose(slopes, ols_fit.slopes, atol=1e-5)
+    np.testing.assert_allclose(intercept, ols_fit.intercept, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda f: f.rename(columns={"rv_5min": "rv5min"}), "missing column(s) 'rv_5min' (found 'rv5min'"),
+        (lambda f: f.assign(rv_5min=f["rv_5min"].where(f.index % 1000 != 5, -1.0)), "'rv_5min' has 28 missing or"),
+        (lambda f: f.assign(rv_5min=f["rv_5min"].where(f.index != 3, np.nan)), "'rv_5min' has 1 missing"),
+        (lambda f: pd.concat([f, f.iloc[[10]]]), "1 duplicate (fecha, activo) rows"),
+        (lambda f: f.assign(fecha="not a date"), "column 'fecha' has values that are not dates"),
+    ],
+    ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date"],
+)
+def test_validate_rejects(panel, mutate, message):
+    with pytest.raises(HarDataError) as err:
+        data.validate(mutate(panel.copy()))
+    assert message in str(err.value)

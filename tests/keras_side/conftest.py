@@ -1,0 +1,3 @@
+from tests.engines import require_backend
+
+ENGINE = require_backend()
