@@ -11,6 +11,7 @@ import sys
 from compare import commands
 from compare import data as har_data
 from compare.errors import NativeLoopsError
+from keras_side.backend import BackendError
 from keras_side.config import ENGINES, TrainConfig
 
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except NativeLoopsError as err:
+    except (NativeLoopsError, BackendError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ from compare import data as har_data
 from compare import reference, report, synthetic
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
+from keras_side.backend import use_backend
 from keras_side.config import TrainConfig
 
 
@@ -31,7 +32,15 @@ def data(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    raise NativeLoopsError("`models` arrives with the Keras side")
+    use_backend(args.engine)
+    from keras_side import models as builders
+    from keras_side.determinism import seed_everything
+
+    for name, build in builders.BUILDERS.items():
+        seed_everything(0)
+        model = builders.ensure_built(build(), builders.example_inputs(name))
+        report.print_layers(name, builders.layer_table(model), args.engine)
+    return 0
 
 
 def train(args: argparse.Namespace) -> int:

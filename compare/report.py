@@ -50,3 +50,11 @@ def report_json(data: HarData, ols: Ols, cfg: TrainConfig) -> dict:
         "data": {"source": data.source, "asset": data.asset, "n_train": data.n_train, "n_test": data.n_test},
         "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse},
     }
+
+
+def print_layers(name: str, rows: list[tuple[str, str, str, int]], engine: str) -> None:
+    table = Table("layer", "type", "output shape", "params", title=f"{name} ({engine})", title_justify="left")
+    for layer, kind, shape, count in rows:
+        table.add_row(layer, kind, shape, f"{count:,}")
+    table.add_row("", "", "total", f"{sum(r[3] for r in rows):,}", style="bold")
+    console().print(table)

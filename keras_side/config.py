@@ -140,6 +140,13 @@ class Result:
         np.savez(folder / f"{self.path}.npz", **arrays)
         (folder / f"{self.path}.json").write_text(json.dumps(meta, indent=1))
 
+    def save_weights(self, path: Path, build) -> None:
+        """Write the weights as a Keras `.weights.h5` file (what moves between engines), through a fresh model
+        from the zero-argument builder `build`."""
+        model = build()
+        model.set_weights(self.weights)
+        model.save_weights(str(path))
+
     @classmethod
     def load(cls, folder: Path, path: str) -> Result:
         folder = Path(folder)

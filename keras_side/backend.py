@@ -1,0 +1,94 @@
+"""Which engine Keras runs on, where that choice came from, and how to make it before the first `import keras`.
+
+Keras reads its backend once, at the first `import keras`: the `KERAS_BACKEND` variable, else `backend` in
+`keras.json` under `KERAS_HOME` (or `~/.keras`), else TensorFlow. After that import the choice is fixed for the
+life of the process, which is why the referee runs one worker process per engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from keras_side.config import ENGINES
+
+KERAS_DEFAULT_BACKEND = "tensorflow"
+
+
+class BackendError(RuntimeError):
+    """The backend asked for cannot be had in this process."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str
+    source: str  # "KERAS_BACKEND", the keras.json path, or "Keras default"
+
+
+def keras_dir(env=os.environ) -> Path:
+    """The folder Keras reads `keras.json` from (the same rule as Keras's own config module)."""
+    if "KERAS_HOME" in env:
+        return Path(env["KERAS_HOME"])
+    home = os.path.expanduser("~")
+    return Path(home if os.access(home, os.W_OK) else "/tmp") / ".keras"
+
+
+def configured_backend(env=os.environ) -> BackendChoice:
+    """The backend a fresh `import keras` would pick in this environment, and why."""
+    if "KERAS_BACKEND" in env:
+        return BackendChoice(env["KERAS_BACKEND"], "KERAS_BACKEND")
+    config = keras_dir(env) / "keras.json"
+    try:
+        chosen = json.loads(config.read_text()).get("backend")
+    except (OSError, ValueError):
+        chosen = None
+    if chosen:
+        return BackendChoice(chosen, str(config))
+    return BackendChoice(KERAS_DEFAULT_BACKEND, "Keras default")
+
+
+def active_backend() -> BackendChoice:
+    """The backend of this process: Keras's own answer once imported, else what the import would pick."""
+    choice = configured_backend()
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return choice
+    name = keras.config.backend()
+    return choice if choice.name == name else BackendChoice(name, "fixed when keras was first imported")
+
+
+def own_keras_home() -> Path:
+    """A Keras config folder of ours, so that a stray `~/.keras/keras.json` never picks the engine."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "native-loops" / "keras"
+
+
+def use_backend(name: str) -> None:
+    """Request `name` for this process; call it before anything imports keras.
+
+    Raises:
+        BackendError: unknown engine, or Keras already imported with another backend.
+    """
+    if name not in ENGINES:
+        raise BackendError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    keras = sys.modules.get("keras")
+    if keras is not None and keras.config.backend() != name:
+        raise BackendError(
+            f"Keras is already imported with backend {keras.config.backend()!r}, so {name!r} cannot be chosen "
+            f"in this process; set KERAS_BACKEND={name} before anything imports keras (indirect imports too), "
+            "or start a new process"
+        )
+    os.environ["KERAS_BACKEND"] = name
+    os.environ.setdefault("KERAS_HOME", str(own_keras_home()))
+
+
+def engine_environment(name: str, base=os.environ) -> dict[str, str]:
+    """The environment of a child process that must run Keras on `name`, with our own KERAS_HOME."""
+    if name not in ENGINES:
+        raise BackendError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    env = dict(base)
+    env["KERAS_BACKEND"] = name
+    env.setdefault("KERAS_HOME", str(own_keras_home()))
+    return env

@@ -1,0 +1,33 @@
+"""One call that makes a training run repeat bit for bit: `seed_everything(seed)` right before a model is built."""
+from __future__ import annotations
+
+import keras
+
+# The HAR is 4 weights and 128-row batches: thread pools cost more than they give, and one thread makes every
+# float reduction run in one order whatever the machine's core count.
+THREADS = 1
+
+
+def seed_everything(seed: int, threads: int = THREADS) -> None:
+    """Seed Python, NumPy and the backend (Keras's `set_random_seed`), and turn on the engine's determinism.
+
+    On torch: deterministic algorithms and a fixed intra-op thread count. On TensorFlow: op determinism and
+    fixed thread pools (only possible before TensorFlow starts its runtime; later calls keep what it has).
+    JAX on CPU is deterministic already; its thread count is set by XLA_FLAGS before the process starts.
+    """
+    keras.utils.set_random_seed(seed)
+    backend = keras.config.backend()
+    if backend == "torch":
+        import torch
+
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(threads)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # the runtime is already running: its pools are fixed for the process
+            pass

@@ -1,0 +1,69 @@
+"""Training through `model.fit`, on whatever engine this process runs: the path the native loops unpack.
+
+    seed_everything(cfg.seed); model = models.har(); result = fit.train(model, data, cfg)
+"""
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+
+from keras_side.config import HarData, Result, TrainConfig, numpy_orders, take
+
+
+def adam(cfg: TrainConfig) -> keras.optimizers.Adam:
+    return keras.optimizers.Adam(cfg.learning_rate, beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon)
+
+
+class _EpochReport(keras.callbacks.Callback):
+    def __init__(self, progress, epochs):
+        super().__init__()
+        self.progress, self.epochs = progress, epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.progress(epoch + 1, self.epochs)
+
+
+def _inputs(x):
+    """Keras takes several inputs as a list."""
+    return list(x) if isinstance(x, tuple) else x
+
+
+def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+    """Adam + MSE through `model.fit`; validation on the test split after every epoch when `cfg.validate`.
+
+    With `cfg.batch_order="numpy"`, each epoch is one `fit` call on that epoch's NumPy permutation with
+    `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches.
+    """
+    model.compile(optimizer=adam(cfg), loss="mse")
+    validation = (_inputs(data.x_test), data.y_test) if cfg.validate else None
+    callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
+    fit_args = dict(batch_size=cfg.batch_size, validation_data=validation, verbose=0, callbacks=callbacks)
+    start = time.perf_counter()
+    if cfg.batch_order == "engine":
+        logs = model.fit(_inputs(data.x_train), data.y_train, epochs=cfg.epochs, shuffle=True, **fit_args).history
+    else:
+        logs = {"loss": [], "val_loss": []}
+        for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
+            one = model.fit(_inputs(take(data.x_train, order)), data.y_train[order], epochs=epoch + 1,
+                            initial_epoch=epoch, shuffle=False, **fit_args).history
+            for key in logs:
+                logs[key] += one.get(key, [])
+    seconds = time.perf_counter() - start
+    to_original = data.scaling.y_std**2
+    return Result(
+        path=f"keras-{keras.config.backend()}",
+        engine=keras.config.backend(),
+        weights=[np.asarray(w) for w in model.get_weights()],
+        train_loss=[float(v) * to_original for v in logs["loss"]],
+        val_loss=[float(v) * to_original for v in logs.get("val_loss", [])],
+        test_pred=predict(model, data.x_test),
+        train_seconds=seconds,
+        seed=cfg.seed,
+    )
+
+
+def predict(model: keras.Model, x) -> np.ndarray:
+    """Predictions as a float NumPy array, in inference mode."""
+    return np.asarray(model.predict(_inputs(x), batch_size=4096, verbose=0))

@@ -1,0 +1,123 @@
+"""Model builders, each a function returning a `keras.Model`. Call `seed_everything` right before building one.
+
+The HAR is `Dense(1)` on (d1, s5, m22): trained with squared error it *is* the HAR regression. The 3-8-1 MLP is
+written three ways (Sequential, Functional, subclassing) to show they are the same network.
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import layers
+
+HAR_INPUTS = 3
+N_ASSETS = 6
+
+
+def har(n_inputs: int = HAR_INPUTS) -> keras.Model:
+    """The HAR regression: a linear `Dense(1)`, Sequential."""
+    return keras.Sequential([keras.Input((n_inputs,)), layers.Dense(1, name="har")], name="har")
+
+
+def mlp_sequential() -> keras.Model:
+    return keras.Sequential(
+        [keras.Input((HAR_INPUTS,)), layers.Dense(8, activation="relu", name="hidden"), layers.Dense(1, name="out")],
+        name="mlp_sequential",
+    )
+
+
+def mlp_functional() -> keras.Model:
+    x = keras.Input((HAR_INPUTS,), name="har_means")
+    h = layers.Dense(8, activation="relu", name="hidden")(x)
+    return keras.Model(x, layers.Dense(1, name="out")(h), name="mlp_functional")
+
+
+class MLP(keras.Model):
+    """The 3-8-1 MLP by subclassing. Its weights do not exist until the first call (or `build`), because the
+    layers learn their input size from the first input they see."""
+
+    def __init__(self, hidden: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = layers.Dense(hidden, activation="relu", name="hidden")
+        self.out = layers.Dense(1, name="out")
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def mlp_subclass() -> keras.Model:
+    return MLP(name="mlp_subclass")
+
+
+def panel(n_assets: int = N_ASSETS) -> keras.Model:
+    """The HAR inputs plus an asset id through `Embedding(n_assets, 1)`: a learned level per asset."""
+    x = keras.Input((HAR_INPUTS,), name="har_means")
+    asset = keras.Input((1,), dtype="int32", name="asset_id")
+    level = layers.Flatten(name="flatten")(layers.Embedding(n_assets, 1, name="asset_level")(asset))
+    both = layers.Concatenate(name="concat")([x, level])
+    return keras.Model([x, asset], layers.Dense(1, name="har")(both), name="panel")
+
+
+class NoisyHAR(keras.Model):
+    """The HAR with `GaussianNoise(sigma)` on its inputs: noise only when `training=True`, so evaluation equals
+    the noiseless network. The noise layer's seed is non-trainable state that a JAX loop must thread through."""
+
+    def __init__(self, sigma: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.noise = layers.GaussianNoise(sigma, name="noise")
+        self.har = layers.Dense(1, name="har")
+
+    def call(self, x, training=False):
+        return self.har(self.noise(x, training=training))
+
+
+def noisy_har(sigma: float = 0.1) -> keras.Model:
+    return NoisyHAR(sigma, name="noisy_har")
+
+
+def leverage() -> keras.Model:
+    """Two inputs: the three HAR means, and yesterday's negative return min(r_{t-1}, 0)."""
+    x = keras.Input((HAR_INPUTS,), name="har_means")
+    lev = keras.Input((1,), name="negative_return")
+    both = layers.Concatenate(name="concat")([x, lev])
+    return keras.Model([x, lev], layers.Dense(1, name="har")(both), name="leverage")
+
+
+BUILDERS = {
+    "har": har,
+    "mlp_sequential": mlp_sequential,
+    "mlp_functional": mlp_functional,
+    "mlp_subclass": mlp_subclass,
+    "panel": panel,
+    "noisy_har": noisy_har,
+    "leverage": leverage,
+}
+
+
+def ensure_built(model: keras.Model, x) -> keras.Model:
+    """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built)."""
+    if not model.built or not model.weights:
+        first = tuple(a[:1] for a in x) if isinstance(x, tuple) else x[:1]
+        model(first if not isinstance(first, tuple) else list(first))
+    return model
+
+
+def example_inputs(name: str, rows: int = 2):
+    """Inputs of the right shape and dtype for a builder, for listings and smoke tests."""
+    x = np.zeros((rows, HAR_INPUTS), np.float32)
+    if name == "panel":
+        return [x, np.zeros((rows, 1), np.int32)]
+    if name == "leverage":
+        return [x, np.zeros((rows, 1), np.float32)]
+    return x
+
+
+def layer_table(model: keras.Model) -> list[tuple[str, str, str, int]]:
+    """(name, type, output shape, parameter count) for each layer, like `model.summary()` but as data."""
+    rows = []
+    for layer in model.layers:
+        try:
+            shape = str(tuple(layer.output.shape))
+        except (AttributeError, ValueError):  # subclassed models have no symbolic outputs
+            shape = "?"
+        rows.append((layer.name, type(layer).__name__, shape, layer.count_params()))
+    return rows

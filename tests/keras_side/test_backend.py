@@ -1,0 +1,56 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_side import backend
+from tests.keras_side.conftest import ENGINE
+
+PROBE = "import keras; from keras_side.backend import active_backend as a; c = a(); print(c.name, c.source, sep='|')"
+
+
+def child_backend(tmp_path, **env_changes):
+    home = tmp_path / "keras_home"
+    home.mkdir(exist_ok=True)
+    (home / "keras.json").write_text(json.dumps({"backend": "jax", "floatx": "float32"}))
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"} | {"KERAS_HOME": str(home)} | env_changes
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1].split("|")
+
+
+def test_keras_json_picks_the_backend_without_the_variable(tmp_path):
+    name, source = child_backend(tmp_path)
+    assert name == "jax" and source.endswith("keras.json")
+
+
+def test_variable_wins_over_keras_json(tmp_path):
+    assert child_backend(tmp_path, KERAS_BACKEND=ENGINE) == [ENGINE, "KERAS_BACKEND"]
+
+
+def test_configured_backend_precedence(tmp_path):
+    assert backend.configured_backend({"KERAS_HOME": str(tmp_path)}) == backend.BackendChoice("tensorflow", "Keras default")
+    (tmp_path / "keras.json").write_text('{"backend": "torch"}')
+    assert backend.configured_backend({"KERAS_HOME": str(tmp_path)}).name == "torch"
+    both = {"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "jax"}
+    assert backend.configured_backend(both) == backend.BackendChoice("jax", "KERAS_BACKEND")
+
+
+def test_active_backend_is_this_process_engine():
+    assert backend.active_backend().name == ENGINE == keras.config.backend()
+
+
+def test_requesting_another_backend_after_import_fails_clearly():
+    other = next(e for e in ("torch", "jax", "tensorflow") if e != ENGINE)
+    with pytest.raises(backend.BackendError, match=f"already imported with backend '{ENGINE}'.*KERAS_BACKEND={other}"):
+        backend.use_backend(other)
+    backend.use_backend(ENGINE)  # the same engine is fine
+    with pytest.raises(backend.BackendError, match="unknown engine 'mxnet'"):
+        backend.use_backend("mxnet")
+
+
+def test_engine_environment_never_uses_the_users_keras_dir():
+    env = backend.engine_environment("jax", base={"HOME": "/home/someone"})
+    assert env["KERAS_BACKEND"] == "jax" and "/home/someone/.keras" not in env["KERAS_HOME"]

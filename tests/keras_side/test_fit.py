@@ -1,0 +1,61 @@
+import numpy as np
+import pytest
+
+from compare.tolerances import OLS_MSE_RTOL, SLOPE_ATOL
+from keras_side import fit, models
+from keras_side.config import Result, TrainConfig
+from keras_side.determinism import seed_everything
+from tests.keras_side.conftest import ENGINE
+
+
+@pytest.fixture(scope="module")
+def trained(har):
+    seed_everything(0)
+    model = models.har()
+    return model, fit.train(model, har, TrainConfig())
+
+
+def test_fit_reaches_ols(trained, har, ols_fit):
+    _, result = trained
+    _, slopes = har.scaling.to_original(*result.weights)
+    mse = float(np.mean((result.test_pred - har.y_test) ** 2)) * har.scaling.y_std**2
+    assert abs(mse / ols_fit.test_mse - 1) < OLS_MSE_RTOL
+    np.testing.assert_allclose(slopes, ols_fit.slopes, atol=SLOPE_ATOL, rtol=0)
+
+
+def test_result_shape(trained, har, tmp_path):
+    model, result = trained
+    assert result.path == f"keras-{ENGINE}" and result.engine == ENGINE
+    assert [w.shape for w in result.weights] == [(3, 1), (1,)]
+    assert len(result.train_loss) == len(result.val_loss) == 40
+    assert result.val_loss[-1] < result.val_loss[0]
+    # The curve is in original units: its last point is the test MSE the predictions give.
+    mse = float(np.mean((result.test_pred - har.y_test) ** 2)) * har.scaling.y_std**2
+    assert result.val_loss[-1] == pytest.approx(mse, rel=1e-4)
+    assert result.train_seconds > 0 and result.versions["keras"] == "3.15.1" and result.seed == 0
+    result.save(tmp_path)
+    again = Result.load(tmp_path, result.path)
+    assert again.val_loss == result.val_loss
+    np.testing.assert_array_equal(again.weights[0], result.weights[0])
+
+
+def test_weights_file_round_trip(trained, har, tmp_path):
+    model, result = trained
+    path = tmp_path / "har.weights.h5"
+    result.save_weights(path, models.har)
+    fresh = models.har()
+    fresh.load_weights(path)
+    np.testing.assert_array_equal(fit.predict(fresh, har.x_test), result.test_pred)
+
+
+def test_numpy_batch_order_is_reproducible_without_reseeding(har):
+    cfg = TrainConfig(epochs=3, validate=False, batch_order="numpy")
+    runs = []
+    for _ in range(2):
+        seed_everything(1)
+        init = models.har().get_weights()
+        model = models.har()
+        model.set_weights(init)
+        runs.append(fit.train(model, har, cfg).weights)
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,85 @@
+import keras
+import numpy as np
+import pytest
+
+from compare import data, reference, synthetic
+from compare.tolerances import LEVERAGE_STD_ERRORS, MODEL_API_ATOL, SLOPE_ATOL, TRUTH_STD_ERRORS
+from keras_side import fit, models
+from keras_side.config import TrainConfig
+from keras_side.determinism import seed_everything
+
+MLPS = ["mlp_sequential", "mlp_functional", "mlp_subclass"]
+
+
+def build(name):
+    seed_everything(0)
+    return models.ensure_built(models.BUILDERS[name](), models.example_inputs(name))
+
+
+@pytest.mark.parametrize("name", MLPS)
+def test_mlp_has_41_parameters(name):
+    assert build(name).count_params() == 3 * 8 + 8 + 8 + 1 == 41
+
+
+def test_subclass_has_no_weights_until_first_call():
+    model = models.mlp_subclass()
+    assert model.weights == []
+    model(np.zeros((1, 3), np.float32))
+    assert model.count_params() == 41
+
+
+def test_three_mlp_apis_agree_with_copied_weights():
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    source = build("mlp_sequential")
+    outputs = []
+    for name in MLPS:
+        model = build(name)
+        model.set_weights(source.get_weights())
+        outputs.append(keras.ops.convert_to_numpy(model(x)))
+    for other in outputs[1:]:
+        np.testing.assert_allclose(other, outputs[0], atol=MODEL_API_ATOL, rtol=0)
+    assert np.std(outputs[0]) > 0
+
+
+def test_panel_model_layers():
+    rows = models.layer_table(build("panel"))
+    by_name = {r[0]: r for r in rows}
+    assert by_name["asset_level"][1:] == ("Embedding", "(None, 1, 1)", 6)
+    assert by_name["har"][1:] == ("Dense", "(None, 1)", 5)
+    assert sum(r[3] for r in rows) == 11
+
+
+def test_noise_only_when_training():
+    x = np.random.default_rng(1).normal(size=(32, 3)).astype(np.float32)
+    noisy = build("noisy_har")
+    plain = models.har()
+    plain.set_weights(noisy.get_weights()[-2:] if len(noisy.get_weights()) > 2 else noisy.get_weights())
+    off = keras.ops.convert_to_numpy(noisy(x, training=False))
+    np.testing.assert_allclose(off, keras.ops.convert_to_numpy(plain(x)), atol=MODEL_API_ATOL, rtol=0)
+    on = keras.ops.convert_to_numpy(noisy(x, training=True))
+    assert np.max(np.abs(on - off)) > 1e-3
+
+
+def test_leverage_model_finds_the_leverage_term(panel):
+    """Trained with fit, the two-input model's slopes approach the four-regressor OLS; leverage < 0."""
+    lev = data.prepare(panel, leverage=True)
+    fit4 = reference.ols_for(panel, data.DEFAULT_ASSET, data.DEFAULT_SPLIT, None, data.HAR + data.LEVERAGE)
+    seed_everything(0)
+    result = fit.train(models.leverage(), lev, TrainConfig(validate=False))
+    _, slopes = lev.scaling.to_original(*result.weights)
+    truth = synthetic.TRUE.leverage()[synthetic.ASSETS.index(data.DEFAULT_ASSET)]
+    np.testing.assert_allclose(slopes[:3], fit4.slopes[:3], atol=SLOPE_ATOL, rtol=0)
+    assert slopes[3] < 0
+    assert abs(slopes[3] - fit4.slopes[3]) < LEVERAGE_STD_ERRORS * fit4.std_errors[3]
+    assert abs(slopes[3] - truth) < TRUTH_STD_ERRORS * fit4.std_errors[3]
+
+
+def test_models_command_lists_every_builder(capsys):
+    from compare import cli
+    from tests.keras_side.conftest import ENGINE
+
+    assert cli.main(["models", "--engine", ENGINE]) == 0
+    text = capsys.readouterr().out
+    for name in models.BUILDERS:
+        assert f"{name} ({ENGINE})" in text
+    assert "Embedding" in text and "GaussianNoise" in text
