@@ -132,6 +132,23 @@ class Result:
     seed: int = 0
     versions: dict[str, str] = field(default_factory=versions)
 
+    @classmethod
+    def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
+                      test_pred, seconds: float, compile_seconds: float | None = None) -> Result:
+        """Assemble a result from what a loop measured, losses given in standardized units."""
+        to_original = data.scaling.y_std**2
+        return cls(
+            path=path,
+            engine=engine,
+            weights=[np.array(w) for w in weights],
+            train_loss=[float(v) * to_original for v in train_loss],
+            val_loss=[float(v) * to_original for v in val_loss],
+            test_pred=np.asarray(test_pred),
+            train_seconds=seconds,
+            compile_seconds=compile_seconds,
+            seed=cfg.seed,
+        )
+
     def save(self, folder: Path) -> None:
         """Write `<path>.json` (everything but arrays) and `<path>.npz` (weights, predictions)."""
         folder = Path(folder)

@@ -51,17 +51,9 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
             for key in logs:
                 logs[key] += one.get(key, [])
     seconds = time.perf_counter() - start
-    to_original = data.scaling.y_std**2
-    return Result(
-        path=f"keras-{keras.config.backend()}",
-        engine=keras.config.backend(),
-        weights=[np.asarray(w) for w in model.get_weights()],
-        train_loss=[float(v) * to_original for v in logs["loss"]],
-        val_loss=[float(v) * to_original for v in logs.get("val_loss", [])],
-        test_pred=predict(model, data.x_test),
-        train_seconds=seconds,
-        seed=cfg.seed,
-    )
+    engine = keras.config.backend()
+    return Result.from_training(f"keras-{engine}", engine, model.get_weights(), data, cfg, logs["loss"],
+                                logs.get("val_loss", []), predict(model, data.x_test), seconds)
 
 
 def predict(model: keras.Model, x) -> np.ndarray:

@@ -40,7 +40,7 @@ class MLP(keras.Model):
         self.hidden = layers.Dense(hidden, activation="relu", name="hidden")
         self.out = layers.Dense(1, name="out")
 
-    def call(self, x):
+    def call(self, x, training=None):
         return self.out(self.hidden(x))
 
 

@@ -1,3 +1,7 @@
 from tests.engines import require_backend
 
 ENGINE = require_backend()
+
+# Engine-specific files are collected only in their engine's pytest process (`make test` runs one per engine).
+ENGINE_FILES = {"torch": "test_torch_loop.py", "jax": "test_jax_loop.py", "tensorflow": "test_tf_loop.py"}
+collect_ignore = [f for engine, f in ENGINE_FILES.items() if engine != ENGINE]

@@ -1,0 +1,22 @@
+"""Embedding a Keras model in a JAX program: `stateless_call` makes it a pure function of its weights.
+
+    loss, grads = panel_loss_and_grad(model)(trainable, xs, ys)   # xs: (assets, rows, 3), shared weights
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def panel_loss_and_grad(model):
+    """A jitted program: `jax.vmap` of the Keras model over assets, the mean of per-asset MSEs, and its gradient."""
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def asset_mse(trainable, x, y):
+        pred, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+        return jnp.mean((pred - y) ** 2)
+
+    def panel_loss(trainable, xs, ys):
+        return jnp.mean(jax.vmap(asset_mse, in_axes=(None, 0, 0))(trainable, xs, ys))
+
+    return jax.jit(jax.value_and_grad(panel_loss))

@@ -1,0 +1,96 @@
+"""The Keras model trained with `tf.GradientTape` inside one `tf.function` step and the Keras Adam's `apply`.
+
+    KERAS_BACKEND=tensorflow python -c "from native import tf_loop; ..."   # or: native-loops train --path tensorflow-native
+
+The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
+Batch order per epoch comes from `tf.random.experimental.stateless_shuffle` seeded by (config seed, epoch).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from keras_side.config import HarData, Result, TrainConfig, batch_slices, numpy_orders
+from keras_side.fit import adam
+from keras_side.models import ensure_built
+
+
+def _forward(model, x, training: bool):
+    return model(list(x) if isinstance(x, tuple) else x, training=training)
+
+
+def mse(pred, y):
+    return tf.reduce_mean(tf.square(pred - y))
+
+
+def _spec(a: np.ndarray) -> tf.TensorSpec:
+    return tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
+
+
+def make_step(model, optimizer, x: np.ndarray | tuple, y: np.ndarray):
+    """`step(x, y) -> loss`, one trace for every batch size."""
+    x_spec = tuple(map(_spec, x)) if isinstance(x, tuple) else _spec(x)
+
+    @tf.function(input_signature=[x_spec, _spec(y)])
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = mse(_forward(model, xb, training=True), yb)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return step
+
+
+def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
+    if cfg.batch_order == "numpy":
+        return [tf.constant(o) for o in numpy_orders(cfg.seed, n, cfg.epochs)]
+    rows = tf.range(n)
+    return [tf.random.experimental.stateless_shuffle(rows, seed=[cfg.seed, e]) for e in range(cfg.epochs)]
+
+
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+    """Adam + MSE over shuffled mini-batches; the validation loss after every epoch."""
+    ensure_built(model, data.x_train)
+    optimizer = adam(cfg)
+    optimizer.build(model.trainable_variables)
+    x, y = data.x_train, data.y_train
+    start = time.perf_counter()
+    step = make_step(model, optimizer, x, y)
+    step.get_concrete_function()  # trace and compile now, so training time is training
+    compile_seconds = time.perf_counter() - start
+    train_loss, val_loss = [], []
+    start = time.perf_counter()
+    for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
+        total = tf.zeros(())
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            idx = order[rows]
+            total += step(take_tf(x, idx), tf.gather(y, idx)) * tf.cast(tf.size(idx), tf.float32)
+        train_loss.append(float(total) / data.n_train)
+        if cfg.validate:
+            val_loss.append(float(mse(_forward(model, data.x_test, training=False), data.y_test)))
+        if progress:
+            progress(epoch + 1, cfg.epochs)
+    seconds = time.perf_counter() - start
+    return Result.from_training("tensorflow-native", "tensorflow", model.get_weights(), data, cfg, train_loss,
+                                val_loss, predict(model, data.x_test), seconds, compile_seconds)
+
+
+def take_tf(x, idx):
+    return tuple(tf.gather(a, idx) for a in x) if isinstance(x, tuple) else tf.gather(x, idx)
+
+
+def grad_at(model, x, y) -> list[np.ndarray]:
+    """Tape gradient of the batch MSE at the current weights, in `model.trainable_weights` order."""
+    ensure_built(model, x)
+    with tf.GradientTape() as tape:
+        loss = mse(_forward(model, x, training=False), y)
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def predict(model, x) -> np.ndarray:
+    """Inference-mode predictions as NumPy."""
+    ensure_built(model, x)
+    return _forward(model, x, training=False).numpy()

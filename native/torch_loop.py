@@ -1,0 +1,92 @@
+"""The Keras model trained as what it is on the torch backend: a `torch.nn.Module`, with `torch.optim.Adam`.
+
+    KERAS_BACKEND=torch python -c "from native import torch_loop; ..."   # or: native-loops train --path torch-native
+
+Every Keras weight is a `torch.nn.Parameter` registered on the module, so `model.parameters()` is all torch needs.
+Do not reach for `torch.func.functional_call`: on a Keras model it silently trains nothing (keras-team/keras#20279).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from keras_side.config import HarData, Result, TrainConfig, batch_slices, numpy_orders, take
+from keras_side.models import ensure_built
+
+
+def _tensors(x, device):
+    """NumPy inputs as torch tensors on the model's device (several inputs stay a tuple)."""
+    if isinstance(x, tuple):
+        return tuple(torch.as_tensor(a, device=device) for a in x)
+    return torch.as_tensor(x, device=device)
+
+
+def _forward(model, x, training: bool):
+    return model(list(x) if isinstance(x, tuple) else x, training=training)
+
+
+def mse(pred, y):
+    return torch.mean((pred - y) ** 2)
+
+
+def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
+    """One permutation per epoch, from a `torch.Generator` seeded by the config (or the shared NumPy ones)."""
+    if cfg.batch_order == "numpy":
+        return torch.as_tensor(numpy_orders(cfg.seed, n, cfg.epochs))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
+
+
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+    """Adam + MSE over shuffled mini-batches; the validation loss after every epoch."""
+    assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
+    ensure_built(model, data.x_train)
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]  # the noise layer's seed is a frozen Parameter
+    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon)
+    x, y = _tensors(data.x_train, device), torch.as_tensor(data.y_train, device=device)
+    x_test, y_test = _tensors(data.x_test, device), torch.as_tensor(data.y_test, device=device)
+    train_loss, val_loss = [], []
+    start = time.perf_counter()
+    for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
+        total = torch.zeros((), device=device)
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            idx = order[rows].to(device)
+            pred = _forward(model, take(x, idx), training=True)
+            loss = mse(pred, y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach() * len(idx)  # stays on the device: `.item()` every step would sync
+        train_loss.append(total.item() / data.n_train)
+        if cfg.validate:
+            val_loss.append(_evaluate(model, x_test, y_test))
+        if progress:
+            progress(epoch + 1, cfg.epochs)
+    seconds = time.perf_counter() - start
+    return Result.from_training("torch-native", "torch", model.get_weights(), data, cfg, train_loss, val_loss,
+                                predict(model, data.x_test), seconds)
+
+
+@torch.no_grad()
+def _evaluate(model, x, y) -> float:
+    return mse(_forward(model, x, training=False), y).item()
+
+
+def grad_at(model, x, y) -> list[np.ndarray]:
+    """Autograd gradient of the batch MSE at the current weights, in `model.trainable_weights` order."""
+    ensure_built(model, x)
+    device = next(model.parameters()).device
+    loss = mse(_forward(model, _tensors(x, device), training=False), torch.as_tensor(y, device=device))
+    grads = torch.autograd.grad(loss, [w.value for w in model.trainable_weights])
+    return [g.detach().cpu().numpy() for g in grads]
+
+
+@torch.no_grad()
+def predict(model, x) -> np.ndarray:
+    """Inference-mode predictions as NumPy."""
+    ensure_built(model, x)
+    device = next(model.parameters()).device
+    return _forward(model, _tensors(x, device), training=False).cpu().numpy()
