@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from compare import data as har_data
-from compare import reference, report, synthetic
+from compare import paths, reference, report, synthetic
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
 from keras_side.backend import use_backend
@@ -44,7 +44,19 @@ def models(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    raise NativeLoopsError("`train` arrives with the native loops")
+    path = paths.get(args.path)
+    panel, source = load(args)
+    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
+    fit = reference.ols_for(panel, args.asset, args.split, args.end)
+    use_backend(path.engine)
+    from keras_side import models as builders
+    from keras_side.determinism import seed_everything
+
+    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    seed_everything(cfg.seed)
+    result = path.train(builders.har(), prepared, cfg)
+    report.print_paths_table(fit, {result.path: result}, prepared)
+    return 0
 
 
 def default_out() -> Path:

@@ -5,13 +5,14 @@ import dataclasses
 import functools
 import sys
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from compare.reference import Ols
 from compare.synthetic import TrueProcess
-from keras_side.config import HarData, TrainConfig, versions
+from keras_side.config import HarData, Result, TrainConfig, versions
 
 
 @functools.cache
@@ -57,4 +58,33 @@ def print_layers(name: str, rows: list[tuple[str, str, str, int]], engine: str) 
     for layer, kind, shape, count in rows:
         table.add_row(layer, kind, shape, f"{count:,}")
     table.add_row("", "", "total", f"{sum(r[3] for r in rows):,}", style="bold")
+    console().print(table)
+
+
+def path_summary(result: Result, data: HarData) -> dict:
+    """Slopes and intercept in original units, test MSE, time: what the table and report.json show."""
+    kernel, bias = result.weights[:2]
+    intercept, slopes = data.scaling.to_original(kernel, bias)
+    test_mse = float(np.mean((result.test_pred.reshape(-1) - data.y_test.reshape(-1)) ** 2)) * data.scaling.y_std**2
+    return {
+        "engine": result.engine,
+        "intercept": intercept,
+        "slopes": dict(zip(data.features, map(float, slopes))),
+        "test_mse": test_mse,
+        "val_curve": result.val_loss,
+        "train_curve": result.train_loss,
+        "train_seconds": result.train_seconds,
+        "compile_seconds": result.compile_seconds,
+    }
+
+
+def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> None:
+    """The lesson's table: OLS and each path; slopes in original units, test MSE, train time."""
+    table = Table("path", *data.features, "test MSE", "vs OLS", "train s", title=f"HAR on {data.asset!r}",
+                  title_justify="left")
+    table.add_row("OLS", *(f"{s:.4f}" for s in ols.slopes), f"{ols.test_mse:.4f}", "", "", style="bold")
+    for name, result in results.items():
+        row = path_summary(result, data)
+        table.add_row(name, *(f"{s:.4f}" for s in row["slopes"].values()), f"{row['test_mse']:.4f}",
+                      f"{row['test_mse'] / ols.test_mse - 1:+.3%}", f"{row['train_seconds']:.3f}")
     console().print(table)

@@ -82,6 +82,7 @@ def use_backend(name: str) -> None:
         )
     os.environ["KERAS_BACKEND"] = name
     os.environ.setdefault("KERAS_HOME", str(own_keras_home()))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter buries our output
 
 
 def engine_environment(name: str, base=os.environ) -> dict[str, str]:
@@ -91,4 +92,5 @@ def engine_environment(name: str, base=os.environ) -> dict[str, str]:
     env = dict(base)
     env["KERAS_BACKEND"] = name
     env.setdefault("KERAS_HOME", str(own_keras_home()))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env

@@ -115,3 +115,11 @@ def test_predict_is_inference_mode(har):
     seed_everything(0)
     model = models.har()
     np.testing.assert_allclose(loop.predict(model, har.x_test), model.predict(har.x_test, verbose=0), atol=1e-6, rtol=0)
+
+
+def test_train_command_prints_the_path_against_ols(capsys):
+    from compare import cli
+
+    assert cli.main(["train", "--path", f"{ENGINE}-native", "--epochs", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"{ENGINE}-native" in text and "OLS" in text and "test MSE" in text

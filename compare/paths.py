@@ -1,0 +1,51 @@
+"""Every training path by name: which engine runs it and which module's verbs (`train`, `grad_at`, `predict`)."""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+
+from compare.errors import NativeLoopsError
+from keras_side.config import ENGINES
+
+LOOP_MODULES = {"torch": "native.torch_loop", "jax": "native.jax_loop", "tensorflow": "native.tf_loop"}
+
+
+@dataclass(frozen=True)
+class Path:
+    name: str
+    engine: str
+    module: str
+    options: dict = field(default_factory=dict)
+
+    def load(self):
+        """The module with the verbs; import it only in a process whose backend is `engine`."""
+        return importlib.import_module(self.module)
+
+    def train(self, model, data, cfg, *, progress=None):
+        return self.load().train(model, data, cfg, progress=progress, **self.options)
+
+
+PATHS = {
+    p.name: p
+    for engine in ENGINES
+    for p in (Path(f"keras-{engine}", engine, "keras_side.fit"), Path(f"{engine}-native", engine, LOOP_MODULES[engine]))
+}
+PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax_loop", {"driver": "scan"})
+
+
+def get(name: str) -> Path:
+    if name not in PATHS:
+        raise NativeLoopsError(f"unknown path {name!r}; choose one of {', '.join(PATHS)}")
+    return PATHS[name]
+
+
+def for_engine(engine: str) -> list[Path]:
+    """The referee's two paths per engine: model.fit and the native loop."""
+    return [PATHS[f"keras-{engine}"], PATHS[f"{engine}-native"]]
+
+
+@functools.cache
+def loop(engine: str):
+    """The native loop module of `engine` (its `grad_at` and `predict`)."""
+    return importlib.import_module(LOOP_MODULES[engine])

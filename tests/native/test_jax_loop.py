@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from compare.tolerances import SCAN_VS_LOOP_ATOL
+from keras_side import models
+from keras_side.config import TrainConfig, take
+from keras_side.determinism import seed_everything
+from native import jax_host, jax_loop
+from tests.native.loops import flat
+
+
+def test_scan_driver_equals_python_loop(har):
+    cfg = TrainConfig(epochs=5)
+    results = []
+    for driver in ("loop", "scan"):
+        seed_everything(0)
+        results.append(jax_loop.train(models.har(), har, cfg, driver=driver))
+    loop, scan = results
+    assert scan.path == "jax-native-scan"
+    np.testing.assert_allclose(flat(scan.weights), flat(loop.weights), atol=SCAN_VS_LOOP_ATOL, rtol=0)
+    np.testing.assert_allclose(scan.val_loss, loop.val_loss, rtol=1e-5)
+    np.testing.assert_allclose(scan.train_loss, loop.train_loss, rtol=1e-5)
+
+
+def test_step_does_not_recompile(har):
+    cfg = TrainConfig(epochs=2)
+    seed_everything(0)
+    model = models.har()
+    optimizer = jax_loop.adam(cfg)
+    step = jax_loop.make_step(model, optimizer)
+    state = jax_loop.init_state(model, optimizer)
+    idx, mask = jax_loop.batch_plan(cfg, har.n_train)
+    x, y = jnp.asarray(har.x_train), jnp.asarray(har.y_train)
+    for epoch in range(cfg.epochs):  # every batch, the short padded last one included
+        for b in range(idx.shape[1]):
+            state, _ = step(state, (take(x, idx[epoch, b]), y[idx[epoch, b]], mask[epoch, b]))
+    assert step._cache_size() == 1
+
+
+def test_batch_plan_masks_only_the_padding(har):
+    cfg = TrainConfig(epochs=3)
+    idx, mask = jax_loop.batch_plan(cfg, har.n_train)
+    assert idx.shape == mask.shape == (3, -(-har.n_train // 128), 128)
+    assert int(mask.sum()) == 3 * har.n_train
+    for epoch in range(3):  # each epoch is a permutation of every row
+        rows = np.asarray(idx[epoch]).ravel()[np.asarray(mask[epoch]).ravel() == 1]
+        assert sorted(rows) == list(range(har.n_train))
+
+
+def test_noise_seed_state_is_threaded_and_written_back(har):
+    seed_everything(0)
+    model = models.ensure_built(models.noisy_har(), har.x_train)
+    before = [np.asarray(v.value) for v in model.non_trainable_variables]
+    jax_loop.train(model, har, TrainConfig(epochs=1))
+    after = [np.asarray(v.value) for v in model.non_trainable_variables]
+    assert before and any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_vmap_over_assets_equals_a_loop(panel):
+    from compare import data
+
+    assets = sorted(panel["activo"].unique())
+    sets = [data.prepare(panel, asset=a) for a in assets]
+    rows = min(d.n_train for d in sets)
+    xs = jnp.stack([d.x_train[:rows] for d in sets])
+    ys = jnp.stack([d.y_train[:rows] for d in sets])
+    seed_everything(0)
+    model = models.har()
+    trainable = [v.value for v in model.trainable_variables]
+    loss, grads = jax_host.panel_loss_and_grad(model)(trainable, xs, ys)
+    one = jax.value_and_grad(lambda tv, x, y: jnp.mean((model.stateless_call(tv, [], x)[0] - y) ** 2))
+    looped = [one(trainable, x, y) for x, y in zip(xs, ys)]
+    np.testing.assert_allclose(loss, np.mean([v for v, _ in looped]), rtol=1e-6)
+    for i, g in enumerate(grads):
+        np.testing.assert_allclose(g, np.mean([gs[i] for _, gs in looped], axis=0), rtol=1e-5, atol=1e-7)

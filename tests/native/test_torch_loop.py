@@ -1,0 +1,63 @@
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from compare.tolerances import PORTABLE_ATOL
+from keras_side import models
+from keras_side.determinism import seed_everything
+from native import torch_host, torch_loop
+
+
+def test_keras_model_is_a_torch_module_with_its_weights_as_parameters():
+    seed_everything(0)
+    model = models.har()
+    assert isinstance(model, torch.nn.Module)
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert sorted(p.numel() for p in params) == sorted(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def test_functional_call_trap_gives_zero_gradients(har):
+    """Why the torch loop does not use torch.func.functional_call (keras-team/keras#20279): the Keras layers
+    read their own variables, not the parameters passed in, so the gradient comes out zero or missing."""
+    seed_everything(0)
+    model = models.har()
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in model.named_parameters()}
+    x, y = torch.as_tensor(har.x_train[:256]), torch.as_tensor(har.y_train[:256])
+    loss = torch.mean((torch.func.functional_call(model, params, (x,)) - y) ** 2)
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    assert all(g is None or float(g.abs().max()) == 0.0 for g in grads)
+    assert np.all(np.concatenate([g.ravel() for g in torch_loop.grad_at(model, har.x_train[:256], har.y_train[:256])]) != 0)
+
+
+PREDICT_ON_JAX = """
+import sys, numpy as np
+from keras_side import models
+model = models.har()
+model.load_weights(sys.argv[1])
+np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))
+"""
+
+
+def test_keras_part_of_a_torch_host_trains_and_moves_to_jax(har, tmp_path):
+    seed_everything(0)
+    host = torch_host.HostModel(models.har())
+    names = [n for n, _ in host.named_parameters()]
+    assert any(n.startswith("har.") for n in names) and "calibrate.weight" in names
+    before = host.har.get_weights()[0].copy()
+    x, y = torch.as_tensor(har.x_train), torch.as_tensor(har.y_train)
+    losses = torch_host.train_host(host, x, y, steps=200, lr=0.02)
+    assert losses[-1] < 0.5 * losses[0]
+    assert not np.array_equal(host.har.get_weights()[0], before)
+
+    weights, x_path, out = tmp_path / "har.weights.h5", tmp_path / "x.npy", tmp_path / "pred.npy"
+    host.har.save_weights(str(weights))
+    np.save(x_path, har.x_test)
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    subprocess.run([sys.executable, "-c", PREDICT_ON_JAX, str(weights), str(x_path), str(out)], env=env, check=True,
+                   capture_output=True)
+    with torch.no_grad():
+        here = host.har(torch.as_tensor(har.x_test)).numpy()
+    np.testing.assert_allclose(np.load(out), here, atol=PORTABLE_ATOL, rtol=0)
