@@ -4,10 +4,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from compare.reference import Ols
@@ -42,14 +44,18 @@ def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], t
         out.print("  sigma:  " + ", ".join(f"{a} {v:.2f}" for a, v in t["sigma"].items()))
 
 
-def report_json(data: HarData, ols: Ols, cfg: TrainConfig) -> dict:
-    """The machine-readable report (see README): config, seed, versions, data, OLS in original units."""
+def report_json(data: HarData, ols: Ols, cfg: TrainConfig, results: dict[str, Result] | None = None,
+                checks=(), incomplete: dict[str, str] | None = None) -> dict:
+    """The machine-readable report (shape in the README); slopes, intercepts and MSE in original units."""
     return {
         "config": dataclasses.asdict(cfg),
         "seed": cfg.seed,
         "versions": versions(),
         "data": {"source": data.source, "asset": data.asset, "n_train": data.n_train, "n_test": data.n_test},
         "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse},
+        "paths": {name: path_summary(r, data) for name, r in (results or {}).items()},
+        "checks": [dataclasses.asdict(c) for c in checks],
+        "incomplete": [{"engine": e, "reason": why} for e, why in (incomplete or {}).items()],
     }
 
 
@@ -88,3 +94,42 @@ def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> No
         table.add_row(name, *(f"{s:.4f}" for s in row["slopes"].values()), f"{row['test_mse']:.4f}",
                       f"{row['test_mse'] / ols.test_mse - 1:+.3%}", f"{row['train_seconds']:.3f}")
     console().print(table)
+
+CURVE_EPOCHS = (1, 2, 3, 5, 10, 20, 40)
+
+
+def print_curves(results: dict[str, Result]) -> None:
+    """Validation MSE (original units) at the lesson's epochs."""
+    epochs = [e for e in CURVE_EPOCHS if any(len(r.val_loss) >= e for r in results.values())]
+    table = Table("path", *(f"ep {e}" for e in epochs), title="validation MSE by epoch", title_justify="left")
+    for name, r in results.items():
+        table.add_row(name, *(f"{r.val_loss[e - 1]:.4f}" if len(r.val_loss) >= e else "" for e in epochs))
+    console().print(table)
+
+
+def print_checks(checks, failed_engines: dict[str, str]) -> None:
+    table = Table("", "check", "value", "tolerance", "note", title="parity checks", title_justify="left")
+    for c in checks:
+        mark = "[green]✓[/green]" if c.passed else "[red]✗[/red]"
+        table.add_row(mark, c.name, f"{c.value:.3g}", f"{c.tolerance:.3g}", c.note)
+    console().print(table)
+    for engine, why in failed_engines.items():
+        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+    passed = sum(c.passed for c in checks)
+    console().print(f"{passed} of {len(checks)} checks passed" + (", run incomplete" if failed_engines else ""))
+
+
+@contextmanager
+def progress(engines: list[str]):
+    """A live line per engine (path, stage, epoch) while the workers train; yields the event handler."""
+    stages = {"train": "training", "repeat": "repeating (determinism)", "same": "same-arithmetic run"}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(), transient=False) as bar:
+        tasks = {e: bar.add_task(f"{e}: starting", total=None) for e in engines}
+
+        def on_event(engine: str, event: dict) -> None:
+            if event.get("event") == "progress":
+                bar.update(tasks[engine], description=f"{engine}: {event['path']} {stages[event['stage']]}",
+                           completed=event["epoch"], total=event["epochs"])
+
+        yield on_event

@@ -79,6 +79,30 @@ class HarData:
     asset: str
     source: str
 
+    def save(self, path: Path) -> None:
+        """One `.npz` that a worker process reloads: the arrays plus the scaling and labels."""
+        arrays = {}
+        for split in ("train", "test"):
+            x = getattr(self, f"x_{split}")
+            for i, a in enumerate(x if isinstance(x, tuple) else (x,)):
+                arrays[f"x_{split}_{i}"] = a
+            arrays[f"y_{split}"] = getattr(self, f"y_{split}")
+        arrays |= {"x_mean": self.scaling.x_mean, "x_std": self.scaling.x_std}
+        inputs = len(self.x_train) if isinstance(self.x_train, tuple) else 1
+        meta = {"y_mean": self.scaling.y_mean, "y_std": self.scaling.y_std, "features": self.features,
+                "asset": self.asset, "source": self.source, "inputs": inputs}
+        np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> HarData:
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+            xs = {s: tuple(z[f"x_{s}_{i}"] for i in range(meta["inputs"])) for s in ("train", "test")}
+            xs = {s: x if len(x) > 1 else x[0] for s, x in xs.items()}
+            scaling = Scaling(z["x_mean"], z["x_std"], meta["y_mean"], meta["y_std"])
+            return cls(xs["train"], z["y_train"], xs["test"], z["y_test"], scaling, tuple(meta["features"]),
+                       meta["asset"], meta["source"])
+
     @property
     def n_train(self) -> int:
         return len(self.y_train)

@@ -119,3 +119,13 @@ def test_validate_rejects(panel, mutate, message):
     with pytest.raises(HarDataError) as err:
         data.validate(mutate(panel.copy()))
     assert message in str(err.value)
+
+
+def test_referee_modules_do_not_import_keras():
+    """The referee process never picks a backend: only its workers do."""
+    import subprocess
+    import sys
+
+    code = "import sys, compare.cli, compare.checks, compare.runner, compare.figures; print('keras' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,109 @@
+"""One engine's process: `python -m compare.worker`, started by the runner with KERAS_BACKEND in its environment.
+
+It reads one JSON request per line on stdin and answers with JSON events on stdout: `progress` while it trains,
+then `done` (with what it wrote) or `error`. Arrays travel as files in the request's folder, never on the pipe.
+Anything a library prints is sent to stderr, so the protocol stays clean.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from compare import paths
+from keras_side import fit, models
+from keras_side.config import HarData, TrainConfig
+from keras_side.determinism import seed_everything
+from keras_side.precision import float64
+
+ENGINE = keras.config.backend()
+
+
+def train_paths(request: dict, send) -> dict:
+    """Train both paths of this engine: the run itself, its repeat (determinism), and the same-arithmetic run."""
+    data, cfg, out = HarData.load(request["data"]), TrainConfig(**request["config"]), Path(request["out"])
+    init = [np.asarray(w) for w in request["init_weights"]]
+    for path in paths.for_engine(ENGINE):
+
+        def progress(stage):
+            return lambda epoch, epochs: send(event="progress", engine=ENGINE, path=path.name, stage=stage,
+                                              epoch=epoch, epochs=epochs)
+
+        seed_everything(cfg.seed)
+        model = models.har()
+        result = path.train(model, data, cfg, progress=progress("train"))
+        result.save(out)
+        model.save_weights(str(out / f"{path.name}.weights.h5"))
+        seed_everything(cfg.seed)
+        again = path.train(models.har(), data, cfg, progress=progress("repeat"))
+        model = models.har()
+        model.set_weights(init)
+        same = path.train(model, data, cfg.replace(batch_order="numpy", validate=False), progress=progress("same"))
+        np.savez(out / f"{path.name}.extra.npz", **_named("again", again.weights), **_named("same", same.weights))
+    return {"paths": [p.name for p in paths.for_engine(ENGINE)]}
+
+
+def gradients(request: dict, send) -> dict:
+    """The native loop's `grad_at` on the fixed batch at fixed weights; in float64 too when asked."""
+    with np.load(request["batch"]) as z:
+        x, y, weights = z["x"], z["y"], [z["kernel"], z["bias"]]
+    loop = paths.loop(ENGINE)
+    model = models.har()
+    model.set_weights(weights)
+    grads = _named("f32", loop.grad_at(model, x, y))
+    if request.get("float64"):
+        with float64():
+            model = models.har()
+            model.set_weights([w.astype(np.float64) for w in weights])
+            grads |= _named("f64", loop.grad_at(model, x.astype(np.float64), y.astype(np.float64)))
+    np.savez(Path(request["out"]) / "gradients.npz", **grads)
+    return {}
+
+
+def cross_predict(request: dict, send) -> dict:
+    """Load other engines' `.weights.h5` files into a fresh HAR here and predict the test set."""
+    data = HarData.load(request["data"])
+    preds = {}
+    for name, weights_file in request["weights"].items():
+        model = models.har()
+        model.load_weights(weights_file)
+        preds[name] = fit.predict(model, data.x_test)
+    np.savez(Path(request["out"]) / "cross_predictions.npz", **preds)
+    return {}
+
+
+def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
+    return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
+
+
+HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict}
+
+
+def serve(requests, protocol) -> None:
+    def send(**event):
+        protocol.write(json.dumps(event) + "\n")
+        protocol.flush()
+
+    for line in requests:
+        request = json.loads(line)
+        if request["cmd"] == "exit":
+            return
+        try:
+            send(event="done", **HANDLERS[request["cmd"]](request, send))
+        except Exception as err:  # reported to the runner, which marks this engine's step as failed
+            send(event="error", message=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+
+
+def main() -> None:
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints from any library land on stderr, not in the protocol
+    serve(sys.stdin, protocol)
+
+
+if __name__ == "__main__":
+    main()

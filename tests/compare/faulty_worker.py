@@ -1,0 +1,26 @@
+"""Test seams for the runner: workers that misbehave on purpose. Never reachable from a user's flag."""
+import os
+import sys
+
+import numpy as np
+
+from compare import worker
+
+
+def wrong_gradients(request, send):
+    """The real handler, then a 1% error in the saved gradient: gradient_formula must fail."""
+    answer = worker.gradients(request, send)
+    path = os.path.join(request["out"], "gradients.npz")
+    with np.load(path) as z:
+        grads = {k: z[k] * 1.01 for k in z.files}
+    np.savez(path, **grads)
+    return answer
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["crash-on-torch"] and worker.ENGINE == "torch":
+        print("RuntimeError: simulated crash while loading the engine", file=sys.stderr)
+        sys.exit(1)
+    if sys.argv[1:] == ["wrong-gradients"]:
+        worker.HANDLERS["gradients"] = wrong_gradients
+    worker.main()

@@ -1,0 +1,82 @@
+"""`native-loops compare` end to end: the default run passes every check; failures and missing engines are
+reported, not hidden."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from compare import cli, runner
+
+PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One full default run (all engines, 40 epochs), shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("compare") / "run"
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = cli.main(["compare", "--out", str(out)])
+    return code, out, json.loads((out / "report.json").read_text()), text.getvalue()
+
+
+def test_default_run_passes_every_check(default_run):
+    code, out, report, _ = default_run
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert report["incomplete"] == [] and all(c["passed"] for c in report["checks"])
+    families = {c["name"].split("/")[0] for c in report["checks"]}
+    assert families == {"ols_reached", "gradient_formula", "portable_weights", "deterministic", "same_arithmetic"}
+    assert sum(c["name"].startswith("portable_weights/") for c in report["checks"]) == 6  # every ordered pair
+
+
+def test_report_json_shape(default_run):
+    _, out, report, _ = default_run
+    assert set(report) >= {"config", "seed", "versions", "data", "ols", "paths", "checks", "incomplete"}
+    assert report["versions"]["keras"] == "3.15.1" and report["seed"] == 0
+    assert report["data"]["asset"] == "indice" and report["data"]["source"] == "synthetic(seed=0)"
+    assert list(report["paths"]) == PATHS
+    for path in report["paths"].values():
+        assert set(path) >= {"engine", "intercept", "slopes", "test_mse", "val_curve", "train_seconds"}
+        assert list(path["slopes"]) == ["d1", "s5", "m22"] and len(path["val_curve"]) == 40
+    for name in ("curves.png", "slopes.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.parent.glob(".run.*"))  # the atomic temporary folder is gone
+
+
+def test_terminal_shows_what_report_json_holds(default_run):
+    _, _, report, text = default_run
+    assert f"{report['ols']['test_mse']:.4f}" in text
+    for name, path in report["paths"].items():
+        assert name in text and f"{path['test_mse']:.4f}" in text and f"{path['slopes']['d1']:.4f}" in text
+    for check in report["checks"]:
+        assert check["name"] in text
+    assert f"{len(report['checks'])} of {len(report['checks'])} checks passed" in text
+
+
+def test_an_injected_wrong_gradient_fails_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "wrong-gradients"))
+    code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert code == 1 and failed == ["gradient_formula/jax"]
+    assert "✗" in capsys.readouterr().out
+
+
+def test_a_missing_engine_is_reported_and_the_rest_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "engine_installed", lambda engine: engine != "tensorflow")
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "crash-on-torch"))
+    code = cli.main(["compare", "--engines", "torch,jax,tensorflow", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    reasons = {i["engine"]: i["reason"] for i in report["incomplete"]}
+    assert code == 3
+    assert "tensorflow is not installed" in reasons["tensorflow"]
+    assert "simulated crash" in reasons["torch"]
+    assert list(report["paths"]) == ["keras-jax", "jax-native"]
+    assert report["checks"] and all(c["passed"] for c in report["checks"])
+
+
+def test_unknown_engine_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["compare", "--engines", "jax,mxnet", "--out", str(tmp_path / "run")]) == 2
+    assert "unknown engine(s) mxnet" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
