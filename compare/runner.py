@@ -7,7 +7,6 @@ installed, is recorded with its reason and the other engines carry on.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import queue
 import subprocess
@@ -19,18 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from compare import reference
-from keras_side.backend import engine_environment
+from keras_side.backend import engine_environment, engine_installed  # noqa: F401 (tests replace engine_installed)
 from keras_side.config import HarData, TrainConfig
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
-ENGINE_PACKAGES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
 # Each worker computes on one thread (keras_side.determinism.THREADS): two run side by side on two cores.
 JOBS = 2
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-
-def engine_installed(engine: str) -> bool:
-    return importlib.util.find_spec(ENGINE_PACKAGES[engine]) is not None
 
 
 class Worker:
@@ -73,11 +67,73 @@ class Worker:
                 self.proc.kill()
 
 
+class Pool:
+    """One live worker per engine, reused for every request: `pool.each(cmd, request_for)`.
+
+    Engines that are not installed, or whose worker crashes or fails a request, land in `failed` with the reason;
+    later requests go only to the others.
+    """
+
+    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS):
+        self.engines, self.folder, self.jobs = list(engines), Path(folder), jobs
+        self.failed: dict[str, str] = {
+            e: f"{e} is not installed; `make setup` installs every engine" for e in engines if not engine_installed(e)
+        }
+        self.workers = {e: Worker(e, self.engine_folder(e)) for e in self.live}
+
+    @property
+    def live(self) -> list[str]:
+        return [e for e in self.engines if e not in self.failed]
+
+    def engine_folder(self, engine: str) -> Path:
+        return self.folder / "engines" / engine
+
+    def each(self, cmd: str, request_for=lambda engine: {}, on_event=lambda engine, event: None) -> None:
+        """Send `cmd` to every live worker, `jobs` at a time; pass progress events to `on_event`."""
+        events: queue.Queue = queue.Queue()
+        gate = threading.Semaphore(self.jobs)
+
+        def drive(engine: str):
+            try:
+                with gate:
+                    for event in self.workers[engine].ask(cmd, request_for(engine)):
+                        events.put((engine, event))
+            except Exception as err:  # a runner bug must not hang the run: it fails this engine
+                events.put((engine, {"event": "error", "message": f"runner: {type(err).__name__}: {err}"}))
+            finally:
+                events.put((engine, None))
+
+        threads = [threading.Thread(target=drive, args=(e,), daemon=True) for e in self.live]
+        for t in threads:
+            t.start()
+        running = len(threads)
+        while running:
+            engine, event = events.get()
+            if event is None:
+                running -= 1
+            elif event["event"] == "error":
+                self.failed[engine] = event["message"]
+            else:
+                on_event(engine, event)
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class Outcome:
+    """Where a compare run's workers wrote, and which engines did not finish (engine -> why)."""
+
     folder: Path
     engines: list[str]
-    failed: dict[str, str] = field(default_factory=dict)  # engine -> why it is incomplete
+    failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> list[str]:
@@ -87,62 +143,22 @@ class Outcome:
         return self.folder / "engines" / engine
 
 
-def _each(workers: dict[str, Worker], outcome: Outcome, make_request, on_event, jobs: int) -> None:
-    """Send one request to every live worker, `jobs` at a time, and feed every event to `on_event`."""
-    events: queue.Queue = queue.Queue()
-    gate = threading.Semaphore(jobs)
-
-    def drive(engine: str, worker: Worker):
-        try:
-            with gate:
-                for event in worker.ask(*make_request(engine)):
-                    events.put((engine, event))
-        except Exception as err:  # a runner bug must not hang the run: report it as this engine's failure
-            events.put((engine, {"event": "error", "message": f"runner: {type(err).__name__}: {err}"}))
-        finally:
-            events.put((engine, None))
-
-    live = {e: w for e, w in workers.items() if e not in outcome.failed}
-    threads = [threading.Thread(target=drive, args=item, daemon=True) for item in live.items()]
-    for t in threads:
-        t.start()
-    running = len(threads)
-    while running:
-        engine, event = events.get()
-        if event is None:
-            running -= 1
-        elif event["event"] == "error":
-            outcome.failed[engine] = event["message"]
-        else:
-            on_event(engine, event)
-
-
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, float64: bool = False,
         on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
     """Train every path on every engine, take gradients at fixed weights, and predict with every other engine's
     weights. Everything lands under `folder`; read it back with `compare.checks`."""
-    outcome = Outcome(folder, list(engines))
-    data_file = folder / "data.npz"
+    data_file, batch_file = folder / "data.npz", folder / "batch.npz"
     data.save(data_file)
     x, y, weights = reference.fixed_batch(data.x_train, data.y_train, seed=cfg.seed)
-    np.savez(folder / "batch.npz", x=x, y=y, kernel=weights[0], bias=weights[1])
+    np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])
     init = [w.tolist() for w in initial_weights(data, cfg.seed)]
-    for engine in engines:
-        if not engine_installed(engine):
-            outcome.failed[engine] = f"{engine} is not installed; `make setup` installs every engine"
-    workers = {e: Worker(e, outcome.engine_folder(e)) for e in outcome.complete}
-    try:
-        base = {"data": str(data_file), "config": cfg.__dict__}
-        _each(workers, outcome, lambda e: ("train", {**base, "init_weights": init}), on_event, jobs)
-        _each(workers, outcome, lambda e: ("gradients", {"batch": str(folder / "batch.npz"), "float64": float64}),
-              on_event, jobs)
-        h5 = {p.stem.removesuffix(".weights"): str(p) for e in outcome.complete
-              for p in outcome.engine_folder(e).glob("*.weights.h5")}
-        _each(workers, outcome, lambda e: ("cross_predict", {"data": str(data_file), "weights": h5}), on_event, jobs)
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return outcome
+    with Pool(engines, folder, jobs=jobs) as pool:
+        train = {"data": str(data_file), "config": cfg.__dict__, "init_weights": init}
+        pool.each("train", lambda e: train, on_event)
+        pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
+        h5 = {p.stem.removesuffix(".weights"): str(p) for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
+        pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5})
+    return Outcome(folder, list(engines), pool.failed)
 
 
 def initial_weights(data: HarData, seed: int) -> list[np.ndarray]:

@@ -6,6 +6,7 @@ life of the process, which is why the referee runs one worker process per engine
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -59,6 +60,14 @@ def active_backend() -> BackendChoice:
     return choice if choice.name == name else BackendChoice(name, "fixed when keras was first imported")
 
 
+ENGINE_PACKAGES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
+
+
+def engine_installed(name: str) -> bool:
+    """Whether the engine's package can be imported here (checked without importing it)."""
+    return importlib.util.find_spec(ENGINE_PACKAGES[name]) is not None
+
+
 def own_keras_home() -> Path:
     """A Keras config folder of ours, so that a stray `~/.keras/keras.json` never picks the engine."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -73,6 +82,9 @@ def use_backend(name: str) -> None:
     """
     if name not in ENGINES:
         raise BackendError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    if not engine_installed(name):
+        raise BackendError(f"{name} is not installed; `make setup` installs every engine "
+                           f"(or pip install 'native-loops[tensorflow]' for TensorFlow)")
     keras = sys.modules.get("keras")
     if keras is not None and keras.config.backend() != name:
         raise BackendError(

@@ -80,3 +80,13 @@ def test_unknown_engine_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["compare", "--engines", "jax,mxnet", "--out", str(tmp_path / "run")]) == 2
     assert "unknown engine(s) mxnet" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_float64_gradients_are_judged_per_engine(tmp_path):
+    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--float64", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    f64 = {c["name"]: c for c in report["checks"] if c["name"].endswith("/float64")}
+    assert code == 0 and set(f64) == {"gradient_formula/torch/float64", "gradient_formula/jax/float64"}
+    assert f64["gradient_formula/jax/float64"]["value"] <= 1e-12 == f64["gradient_formula/jax/float64"]["tolerance"]
+    torch = f64["gradient_formula/torch/float64"]
+    assert 1e-9 < torch["value"] <= torch["tolerance"] and "keras-team/keras#23704" in torch["note"]

@@ -54,3 +54,9 @@ def test_requesting_another_backend_after_import_fails_clearly():
 def test_engine_environment_never_uses_the_users_keras_dir():
     env = backend.engine_environment("jax", base={"HOME": "/home/someone"})
     assert env["KERAS_BACKEND"] == "jax" and "/home/someone/.keras" not in env["KERAS_HOME"]
+
+
+def test_a_missing_engine_is_named_with_the_fix(monkeypatch):
+    monkeypatch.setattr(backend, "engine_installed", lambda name: False)
+    with pytest.raises(backend.BackendError, match=f"{ENGINE} is not installed; `make setup`"):
+        backend.use_backend(ENGINE)
