@@ -88,8 +88,11 @@ class Pool:
     def engine_folder(self, engine: str) -> Path:
         return self.folder / "engines" / engine
 
-    def each(self, cmd: str, request_for=lambda engine: {}, on_event=lambda engine, event: None) -> None:
-        """Send `cmd` to every live worker, `jobs` at a time; pass progress events to `on_event`."""
+    def each(self, cmd: str, request_for=lambda engine: {}, on_event=lambda engine, event: None, *,
+             only: list[str] | None = None, fail_engines: bool = True) -> dict[str, str]:
+        """Send `cmd` to every live worker (or those in `only`), `jobs` at a time; pass progress events to
+        `on_event`. Returns the errors of this request by engine. An engine whose request fails leaves the pool
+        when `fail_engines` (a compare run); one whose process died always does."""
         events: queue.Queue = queue.Queue()
         gate = threading.Semaphore(self.jobs)
 
@@ -103,18 +106,22 @@ class Pool:
             finally:
                 events.put((engine, None))
 
-        threads = [threading.Thread(target=drive, args=(e,), daemon=True) for e in self.live]
+        targets = [e for e in self.live if only is None or e in only]
+        threads = [threading.Thread(target=drive, args=(e,), daemon=True) for e in targets]
         for t in threads:
             t.start()
-        running = len(threads)
+        errors, running = {}, len(threads)
         while running:
             engine, event = events.get()
             if event is None:
                 running -= 1
             elif event["event"] == "error":
-                self.failed[engine] = event["message"]
+                errors[engine] = event["message"]
+                if fail_engines or self.workers[engine].proc.poll() is not None:
+                    self.failed[engine] = event["message"]
             else:
                 on_event(engine, event)
+        return errors
 
     def close(self) -> None:
         for worker in self.workers.values():

@@ -27,3 +27,8 @@ TRUTH_STD_ERRORS = 3.0  # OLS recovers the true slopes within this many standard
 # The leverage slope is ~-10 log RV per unit return with a standard error of ~1.2: Adam(0.01) ends ~0.01 from the
 # optimum in standardized units, which is ~1.5 standard errors of this one slope.
 LEVERAGE_STD_ERRORS = 2.0
+
+# Gradient parity of any model (compare.parity): float32 gradients of deeper models (LSTM, LayerNorm, Conv1D)
+# against float64 autograd, elementwise |diff| <= ATOL + RTOL·|expected|.
+PARITY_RTOL = 1e-4  # float32 through a few layers and a recurrence: ~1e-6 relative, with margin
+PARITY_ATOL = 1e-6  # elements whose true gradient is ~0 (a ReLU at its kink, a zero-padded position)

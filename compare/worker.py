@@ -6,6 +6,8 @@ Anything a library prints is sent to stderr, so the protocol stays clean.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -77,11 +79,46 @@ def cross_predict(request: dict, send) -> dict:
     return {}
 
 
+def parity(request: dict, send) -> dict:
+    """Build the user's model here; describe its trainable weights, or take its loss gradient at given weights."""
+    build, loss = _resolve(request["build"]), _loss(request["loss"])
+    exact = bool(request.get("float64"))
+    with np.load(request["inputs"]) as z:
+        xs = [z[f"x{i}"] for i in range(int(z["n_inputs"]))]
+        y = z["y"]
+    if exact:
+        xs = [a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a for a in xs]
+        y = y.astype(np.float64)
+    x = xs[0] if len(xs) == 1 else tuple(xs)
+    with float64() if exact else contextlib.nullcontext():
+        model = models.ensure_built(build(), x)
+        variables = model.trainable_weights
+        if "describe" in request:
+            np.savez(request["describe"], names=np.array([v.path for v in variables]),
+                     **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)})
+            return {}
+        with np.load(request["weights"]) as z:
+            for i, v in enumerate(variables):
+                v.assign(z[f"w{i}"].astype(v.dtype))
+        grads = paths.loop(ENGINE).grad_at(model, x, y, loss=loss, training=request["training"])
+    np.savez(request["grads"], **_named("g", grads))
+    return {}
+
+
+def _resolve(spec: str):
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _loss(spec: str):
+    return _resolve(spec) if ":" in spec else keras.losses.get(spec)
+
+
 def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
     return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
 
 
-HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict}
+HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity}
 
 
 def serve(requests, protocol) -> None:

@@ -154,16 +154,18 @@ def _scan_driver(model, optimizer, state, train_xy, idx, mask, test, cfg, progre
     return state, [float(v) for v in train_loss], val, compile_seconds, seconds
 
 
-def grad_at(model, x, y) -> list[np.ndarray]:
-    """`jax.grad` of the batch MSE at the model's current weights, in `model.trainable_weights` order."""
+def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
+    """`jax.grad` of the batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) at the model's current
+    weights, in `model.trainable_weights` order."""
     ensure_built(model, x)
-    loss_fn = make_loss(model, training=False)
     non_trainable = [v.value for v in model.non_trainable_variables]
     x, y = jax.tree.map(jnp.asarray, x), jnp.asarray(y)
-    grads = jax.grad(lambda tv: loss_fn(tv, non_trainable, x, y, jnp.ones(len(y), y.dtype))[0])(
-        [v.value for v in model.trainable_variables]
-    )
-    return [np.asarray(g) for g in grads]
+
+    def batch_loss(trainable):
+        pred, _ = model.stateless_call(trainable, non_trainable, _inputs(x), training=training)
+        return jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
+
+    return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]
 
 
 def predict(model, x) -> np.ndarray:

@@ -21,8 +21,8 @@ def _forward(model, x, training: bool):
     return model(list(x) if isinstance(x, tuple) else x, training=training)
 
 
-def mse(pred, y):
-    return tf.reduce_mean(tf.square(pred - y))
+def mse(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_pred - y_true))
 
 
 def _spec(a: np.ndarray) -> tf.TensorSpec:
@@ -36,7 +36,7 @@ def make_step(model, optimizer, x: np.ndarray | tuple, y: np.ndarray):
     @tf.function(input_signature=[x_spec, _spec(y)])
     def step(xb, yb):
         with tf.GradientTape() as tape:
-            loss = mse(_forward(model, xb, training=True), yb)
+            loss = mse(yb, _forward(model, xb, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
@@ -70,7 +70,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
             total += step(take_tf(x, idx), tf.gather(y, idx)) * tf.cast(tf.size(idx), tf.float32)
         train_loss.append(float(total) / data.n_train)
         if cfg.validate:
-            val_loss.append(float(mse(_forward(model, data.x_test, training=False), data.y_test)))
+            val_loss.append(float(mse(data.y_test, _forward(model, data.x_test, training=False))))
         if progress:
             progress(epoch + 1, cfg.epochs)
     seconds = time.perf_counter() - start
@@ -82,12 +82,14 @@ def take_tf(x, idx):
     return tuple(tf.gather(a, idx) for a in x) if isinstance(x, tuple) else tf.gather(x, idx)
 
 
-def grad_at(model, x, y) -> list[np.ndarray]:
-    """Tape gradient of the batch MSE at the current weights, in `model.trainable_weights` order."""
+def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
+    """Tape gradient of the batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) at the current
+    weights, in `model.trainable_weights` order."""
     ensure_built(model, x)
     with tf.GradientTape() as tape:
-        loss = mse(_forward(model, x, training=False), y)
-    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        value = tf.reduce_mean(loss(y, _forward(model, x, training=training)))
+    # An embedding's gradient is sparse (IndexedSlices): densify it for a plain array.
+    return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, model.trainable_variables)]
 
 
 def predict(model, x) -> np.ndarray:

@@ -27,8 +27,8 @@ def _forward(model, x, training: bool):
     return model(list(x) if isinstance(x, tuple) else x, training=training)
 
 
-def mse(pred, y):
-    return torch.mean((pred - y) ** 2)
+def mse(y_true, y_pred):
+    return torch.mean((y_pred - y_true) ** 2)
 
 
 def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
@@ -55,7 +55,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
         for rows in batch_slices(data.n_train, cfg.batch_size):
             idx = order[rows].to(device)
             pred = _forward(model, take(x, idx), training=True)
-            loss = mse(pred, y[idx])
+            loss = mse(y[idx], pred)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -72,15 +72,17 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
 
 @torch.no_grad()
 def _evaluate(model, x, y) -> float:
-    return mse(_forward(model, x, training=False), y).item()
+    return mse(y, _forward(model, x, training=False)).item()
 
 
-def grad_at(model, x, y) -> list[np.ndarray]:
-    """Autograd gradient of the batch MSE at the current weights, in `model.trainable_weights` order."""
+def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
+    """Autograd gradient of the batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) at the current
+    weights, in `model.trainable_weights` order."""
     ensure_built(model, x)
     device = next(model.parameters()).device
-    loss = mse(_forward(model, _tensors(x, device), training=False), torch.as_tensor(y, device=device))
-    grads = torch.autograd.grad(loss, [w.value for w in model.trainable_weights])
+    y = torch.as_tensor(y, device=device)
+    value = torch.mean(loss(y, _forward(model, _tensors(x, device), training=training)))  # per-sample losses too
+    grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]
 
 

@@ -1,0 +1,167 @@
+"""Gradient parity for any Keras model, from your own tests.
+
+    from compare.parity import assert_gradients_match
+    assert_gradients_match("mypkg.models:build", x, y, loss="mse")   # every installed engine
+
+`build_model` is an importable zero-argument callable ("module:function", or a function defined at module top
+level), because each engine's worker process rebuilds the model. The weights come from one seeded NumPy draw and
+are the same on every engine. The reference is float64 autograd (on JAX with x64, else TensorFlow: the engines on
+which Keras computes float64 in float64), cheaper and more exact than finite differences.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from compare import runner, tolerances
+from compare.errors import NativeLoopsError
+from keras_side.config import ENGINES
+from keras_side.precision import TRUE_FLOAT64
+
+SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ParityError(NativeLoopsError):
+    """The check could not run (the model cannot be built, no float64 engine...); not a parity failure."""
+
+
+def callable_spec(fn, what: str = "build_model") -> str:
+    """'module:function' for a top-level function or such a string; a clear error for anything else."""
+    if isinstance(fn, str):
+        spec = fn
+    elif callable(fn) and getattr(fn, "__qualname__", "") == getattr(fn, "__name__", None) != "<lambda>":
+        spec = f"{fn.__module__}:{fn.__qualname__}"
+    else:
+        raise ParityError(f"{what} {fn!r} must be a function defined at module top level or a 'module:function' "
+                          "string, so that each engine's process can import it")
+    if not SPEC.match(spec):
+        raise ParityError(f"{what} {spec!r} is not of the form 'module:function'")
+    module = spec.split(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ParityError(f"{what} {spec!r}: module {module!r} cannot be imported; check the name and sys.path")
+    return spec
+
+
+def loss_spec(loss) -> str:
+    """A Keras loss name ('mse', 'huber'...) stays as is; a function of keras.ops becomes 'module:function'."""
+    if isinstance(loss, str) and ":" not in loss:
+        return loss
+    return callable_spec(loss, "loss")
+
+
+def _save_inputs(path: Path, x, y) -> None:
+    xs = list(x) if isinstance(x, (list, tuple)) else [x]
+    np.savez(path, y=np.asarray(y), n_inputs=len(xs), **{f"x{i}": np.asarray(a) for i, a in enumerate(xs)})
+
+
+def reference_engine(installed: list[str]) -> str:
+    for engine in TRUE_FLOAT64:
+        if engine in installed:
+            return engine
+    raise ParityError(f"a float64 reference needs one of {', '.join(TRUE_FLOAT64)} installed")
+
+
+def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol: float = tolerances.PARITY_RTOL,
+                           atol: float = tolerances.PARITY_ATOL, seed: int = 0, training: bool = False,
+                           pool: runner.Pool | None = None) -> dict[str, list[np.ndarray]]:
+    """Assert that every engine's loss gradient equals the float64 reference and each other.
+
+    Args:
+        build_model: importable zero-argument callable returning a `keras.Model`.
+        x, y: inputs (an array, or a list of arrays for several inputs) and targets.
+        loss: a Keras loss name, or an importable `loss(y_true, y_pred)` written with `keras.ops`.
+        engines: engines to compare (default: every installed one).
+        training: call the model with `training=True` (random layers then differ between engines).
+        pool: live workers to reuse (the pytest fixture keeps one per session); else a pool is started here.
+    Returns:
+        The float32 gradients per engine, in `model.trainable_weights` order.
+    Raises:
+        AssertionError: a table of every weight whose gradient differs beyond `atol + rtol·|reference|`.
+        ParityError: the comparison could not run.
+    """
+    request = {"build": callable_spec(build_model), "loss": loss_spec(loss), "training": training}
+    wanted = list(engines or [e for e in ENGINES if runner.engine_installed(e)])
+    with tempfile.TemporaryDirectory(prefix="grad-parity-") as tmp:
+        tmp = Path(tmp)
+        own = pool is None
+        pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp)
+        try:
+            return _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp)
+        finally:
+            if own:
+                pool.close()
+
+
+def _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp):
+    missing = [e for e in wanted if e not in pool.live]
+    ref = reference_engine(pool.live)
+    if missing:
+        raise ParityError(f"engine(s) {', '.join(missing)} unavailable: "
+                          + "; ".join(f"{e}: {pool.failed.get(e, 'not in the worker pool')}" for e in missing))
+    _save_inputs(tmp / "inputs.npz", x, y)
+    common = {**request, "inputs": str(tmp / "inputs.npz")}
+    _ask(pool, [ref], lambda e: {**common, "describe": str(tmp / "shapes.npz")}, request["build"])
+    rng = np.random.default_rng(seed)
+    with np.load(tmp / "shapes.npz") as z:
+        names = [str(n) for n in z["names"]]
+        shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
+    weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
+    np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)})
+    runs = {e: {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / f"grads-{e}.npz")} for e in wanted}
+    runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / "grads-f64.npz"),
+                       "float64": True}
+    _ask(pool, wanted, runs.get, request["build"])
+    _ask(pool, [ref], lambda e: runs["float64"], request["build"])
+    grads = {e: _load(tmp / f"grads-{e}.npz") for e in wanted}
+    reference = _load(tmp / "grads-f64.npz")
+    rows = _mismatches(names, grads, reference, rtol, atol)
+    if rows:
+        raise AssertionError(_table(request, ref, rows, rtol, atol))
+    return grads
+
+
+def _ask(pool, engines, request_for, build) -> None:
+    errors = pool.each("parity", request_for, only=engines, fail_engines=False)
+    if errors:
+        raise ParityError(f"build_model {build!r} failed: " + "; ".join(f"{e}: {why}" for e, why in errors.items()))
+
+
+def _load(path: Path) -> list[np.ndarray]:
+    with np.load(path) as z:
+        return [z[f"g_{i}"] for i in range(len(z.files))]
+
+
+def _mismatches(names, grads, reference, rtol, atol):
+    """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair."""
+    rows = []
+    pairs = [(e, "float64", g, reference) for e, g in grads.items()]
+    engines = list(grads)
+    pairs += [(a, b, grads[a], grads[b]) for i, a in enumerate(engines) for b in engines[i + 1:]]
+    for engine, against, got, want in pairs:
+        for name, g, w in zip(names, got, want, strict=True):
+            w = w.astype(np.float64)
+            allowed = atol + rtol * np.abs(w)
+            excess = np.abs(g - w) - allowed
+            if excess.size and excess.max() > 0:
+                i = np.unravel_index(np.argmax(excess), excess.shape)
+                rows.append((name, engine, against, str(tuple(int(k) for k in i)), float(g[i]), float(w[i]),
+                             float(abs(g[i] - w[i])), float(allowed[i])))
+    return rows
+
+
+def _table(request, ref, rows, rtol, atol) -> str:
+    head = (f"gradient parity failed for {request['build']} (loss {request['loss']!r}; reference: float64 autograd "
+            f"on {ref}; allowed |diff| = {atol:g} + {rtol:g}·|expected|)")
+    cols = ("weight", "engine", "vs", "worst at", "value", "expected", "|diff|", "allowed")
+    body = [(n, e, a, i, f"{v:.6e}", f"{w:.6e}", f"{d:.2e}", f"{t:.2e}") for n, e, a, i, v, w, d, t in rows]
+    widths = [max(len(str(r[k])) for r in (cols, *body)) for k in range(len(cols))]
+    line = lambda r: "  ".join(str(c).ljust(wd) for c, wd in zip(r, widths))  # noqa: E731
+    return "\n".join([head, line(cols), *map(line, body)])

@@ -1,0 +1,54 @@
+"""pytest plugin (registered through the `pytest11` entry point): the `grad_parity` fixture.
+
+    def test_my_model_has_gradient_parity(grad_parity):
+        grad_parity("mypkg.models:build", x, y, loss="mse")
+
+Choose engines with `@pytest.mark.grad_parity_engines("torch", "jax")` or `--grad-parity-engines torch,jax`
+(default: every installed engine). One worker per engine is started on first use and kept for the session.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from compare import parity, runner
+from keras_side.config import ENGINES
+
+
+def pytest_addoption(parser):
+    parser.addoption("--grad-parity-engines", default=None, metavar="ENGINES",
+                     help="comma-separated engines for the grad_parity fixture (default: every installed engine)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the grad_parity fixture compares")
+
+
+@pytest.fixture(scope="session")
+def grad_parity_pool(tmp_path_factory):
+    """Lazily started workers, one per installed engine, shared by every grad_parity check of the session."""
+    pools = []
+
+    def get() -> runner.Pool:
+        if not pools:
+            installed = [e for e in ENGINES if runner.engine_installed(e)]
+            pools.append(runner.Pool(installed, tmp_path_factory.mktemp("grad-parity")))
+        return pools[0]
+
+    yield get
+    for pool in pools:
+        pool.close()
+
+
+@pytest.fixture
+def grad_parity(request, grad_parity_pool):
+    """`grad_parity(build_model, x, y, loss="mse", rtol=..., atol=...)`: see `compare.parity.assert_gradients_match`."""
+    marker = request.node.get_closest_marker("grad_parity_engines")
+    option = request.config.getoption("--grad-parity-engines")
+    engines = list(marker.args) if marker else option.split(",") if option else None
+    return functools.partial(_check, grad_parity_pool, engines)
+
+
+def _check(get_pool, engines, build_model, x, y, loss="mse", **kwargs):
+    return parity.assert_gradients_match(build_model, x, y, loss, engines=engines, pool=get_pool(), **kwargs)

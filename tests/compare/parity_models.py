@@ -1,0 +1,71 @@
+"""Models and losses for the gradient-parity tests, importable by every engine's worker."""
+import keras
+from keras import layers, ops
+
+from keras_side import models
+
+
+def dense_stack():
+    return keras.Sequential([keras.Input((5,)), layers.Dense(16, activation="tanh"), layers.Dense(8, activation="relu"),
+                             layers.Dense(1)])
+
+
+def embedding_model():
+    return keras.Sequential([keras.Input((7,), dtype="int32"), layers.Embedding(10, 4), layers.GlobalAveragePooling1D(),
+                             layers.Dense(1)])
+
+
+def conv1d_model():
+    return keras.Sequential([keras.Input((12, 2)), layers.Conv1D(4, 3, activation="tanh"), layers.Flatten(),
+                             layers.Dense(1)])
+
+
+def lstm_model():
+    return keras.Sequential([keras.Input((6, 2)), layers.LSTM(4), layers.Dense(1)])
+
+
+def layernorm_model():
+    return keras.Sequential([keras.Input((5,)), layers.Dense(8), layers.LayerNormalization(), layers.Dense(1)])
+
+
+class Cubic(layers.Layer):
+    """A custom layer written with keras.ops: w·x + v·x³."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], 1), name="w")
+        self.v = self.add_weight(shape=(input_shape[-1], 1), name="v")
+
+    def call(self, x):
+        return ops.matmul(x, self.w) + ops.matmul(ops.power(x, 3), self.v)
+
+
+def custom_layer_model():
+    return keras.Sequential([keras.Input((3,)), Cubic(name="cubic")])
+
+
+class BackendDependent(layers.Layer):
+    """Deliberately not portable: adds a constant times the input that differs by backend."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 1), name="kernel")
+
+    def call(self, x):
+        scale = 1.5 if keras.config.backend() == "torch" else 1.0
+        return ops.matmul(x * scale, self.kernel)
+
+
+def backend_dependent_model():
+    return keras.Sequential([keras.Input((3,)), BackendDependent(name="odd")])
+
+
+def failing_model():
+    raise RuntimeError("this builder always fails")
+
+
+def log_cosh(y_true, y_pred):
+    """A loss written with keras.ops."""
+    return ops.mean(ops.log(ops.cosh(y_pred - y_true)), axis=-1)
+
+
+har = models.har
+mlp_subclass = models.mlp_subclass

@@ -1,0 +1,99 @@
+"""Gradient parity through the pytest plugin's `grad_parity` fixture, on every engine."""
+import numpy as np
+import pytest
+
+from compare.parity import ParityError, assert_gradients_match
+from keras_side import models
+from tests.compare import parity_models
+
+RNG = np.random.default_rng(0)
+X3, Y = RNG.normal(size=(64, 3)).astype(np.float32), RNG.normal(size=(64, 1)).astype(np.float32)
+IDS = RNG.integers(0, 6, size=(64, 1)).astype(np.int32)
+
+KERAS_SIDE_INPUTS = {
+    "har": X3, "mlp_sequential": X3, "mlp_functional": X3, "mlp_subclass": X3, "noisy_har": X3,
+    "panel": [X3, IDS], "leverage": [X3, np.minimum(X3[:, :1], 0)],
+}
+
+
+def test_every_keras_side_model_is_listed():
+    assert set(KERAS_SIDE_INPUTS) == set(models.BUILDERS)
+
+
+@pytest.mark.parametrize("name", list(KERAS_SIDE_INPUTS))
+def test_keras_side_models(grad_parity, name):
+    grads = grad_parity(f"keras_side.models:{name}", KERAS_SIDE_INPUTS[name], Y)
+    assert set(grads) == {"torch", "jax", "tensorflow"}
+    assert all(np.any(g != 0) for gs in grads.values() for g in gs)
+
+
+OTHERS = [
+    ("dense_stack", RNG.normal(size=(32, 5)), "mse"),
+    ("embedding_model", RNG.integers(0, 10, size=(32, 7)).astype(np.int32), "mse"),
+    ("conv1d_model", RNG.normal(size=(32, 12, 2)), "mse"),
+    ("lstm_model", RNG.normal(size=(32, 6, 2)), "mse"),
+    ("layernorm_model", RNG.normal(size=(32, 5)), "huber"),
+    ("custom_layer_model", RNG.normal(size=(32, 3)), parity_models.log_cosh),
+]
+
+
+@pytest.mark.parametrize("name, x, loss", OTHERS, ids=[o[0] for o in OTHERS])
+def test_layer_zoo(grad_parity, name, x, loss):
+    x = x.astype(np.float32) if x.dtype == np.float64 else x
+    grad_parity(getattr(parity_models, name), x, Y[: len(x)], loss=loss)
+
+
+@pytest.mark.grad_parity_engines("torch", "jax")
+def test_marker_chooses_engines(grad_parity):
+    assert set(grad_parity(parity_models.har, X3, Y)) == {"torch", "jax"}
+
+
+def test_a_backend_dependent_gradient_is_caught_and_named(grad_parity):
+    with pytest.raises(AssertionError) as err:
+        grad_parity(parity_models.backend_dependent_model, X3, Y)
+    header, columns, *rows = str(err.value).splitlines()
+    assert "reference: float64 autograd on jax" in header and columns.split()[:3] == ["weight", "engine", "vs"]
+    failing = {tuple(row.split()[:3]) for row in rows}
+    assert failing == {("sequential/odd/kernel", "torch", other) for other in ("float64", "jax", "tensorflow")}
+
+
+def test_unimportable_builder_is_a_clear_error():
+    with pytest.raises(ParityError, match="module 'no_such_module' cannot be imported"):
+        assert_gradients_match("no_such_module:build", X3, Y)
+    with pytest.raises(ParityError, match="must be a function defined at module top level"):
+        assert_gradients_match(lambda: None, X3, Y)
+
+
+def test_failing_builder_names_the_callable(grad_parity):
+    with pytest.raises(ParityError, match="tests.compare.parity_models:failing_model.*always fails"):
+        grad_parity(parity_models.failing_model, X3, Y)
+
+
+USER_MODELS = '''
+import keras
+
+def build():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"), keras.layers.Dense(1)])
+'''
+
+USER_TEST = '''
+import numpy as np
+
+def test_my_model_has_gradient_parity(grad_parity):
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    grads = grad_parity("user_models:build", x, x[:, :1])
+    assert set(grads) == {"jax", "tensorflow"}
+'''
+
+
+def test_plugin_works_in_a_project_that_never_heard_of_us(tmp_path):
+    """The entry point registers the fixture in any pytest run of this environment."""
+    import subprocess
+    import sys
+
+    (tmp_path / "user_models.py").write_text(USER_MODELS)
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--grad-parity-engines",
+                           "jax,tensorflow", "test_user.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "1 passed" in proc.stdout
