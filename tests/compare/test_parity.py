@@ -69,31 +69,17 @@ def test_failing_builder_names_the_callable(grad_parity):
         grad_parity(parity_models.failing_model, X3, Y)
 
 
-USER_MODELS = '''
-import keras
-
-def build():
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"), keras.layers.Dense(1)])
-'''
-
-USER_TEST = '''
-import numpy as np
-
-def test_my_model_has_gradient_parity(grad_parity):
-    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
-    grads = grad_parity("user_models:build", x, x[:, :1])
-    assert set(grads) == {"jax", "tensorflow"}
-'''
-
-
-def test_plugin_works_in_a_project_that_never_heard_of_us(tmp_path):
-    """The entry point registers the fixture in any pytest run of this environment."""
+def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
+    """The README's pytest example, pasted into an empty project: the entry point provides the fixture."""
+    import re
     import subprocess
     import sys
 
-    (tmp_path / "user_models.py").write_text(USER_MODELS)
-    (tmp_path / "test_user.py").write_text(USER_TEST)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--grad-parity-engines",
-                           "jax,tensorflow", "test_user.py"], cwd=tmp_path, capture_output=True, text=True)
+    from tests.conftest import REPO
+
+    example = re.search(r"```python\n# tests/test_parity.py in your project\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (tmp_path / "test_parity.py").write_text(example.group(1))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_parity.py"],
+                          cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "1 passed" in proc.stdout
