@@ -45,21 +45,24 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     ensure_built(model, data.x_train)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]  # the noise layer's seed is a frozen Parameter
-    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon)
+    # fused: one kernel updates every parameter (fewer Python calls per step than the default for-each path).
+    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
+                                 fused=True)
     x, y = _tensors(data.x_train, device), torch.as_tensor(data.y_train, device=device)
     x_test, y_test = _tensors(data.x_test, device), torch.as_tensor(data.y_test, device=device)
     train_loss, val_loss = [], []
     start = time.perf_counter()
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
+        order = order.to(device)
+        x_epoch, y_epoch = take(x, order), y[order]  # one gather per epoch; each batch is then a view
         total = torch.zeros((), device=device)
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            idx = order[rows].to(device)
-            pred = _forward(model, take(x, idx), training=True)
-            loss = mse(y[idx], pred)
+            pred = _forward(model, take(x_epoch, rows), training=True)
+            loss = mse(y_epoch[rows], pred)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.detach() * len(idx)  # stays on the device: `.item()` every step would sync
+            total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
         train_loss.append(total.item() / data.n_train)
         if cfg.validate:
             val_loss.append(_evaluate(model, x_test, y_test))
