@@ -52,6 +52,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
     p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+
+    p = sub.add_parser("bench", help="time every training path in one run; ratios to fit and to a NumPy floor")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per path (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
     return top
 
 
@@ -60,6 +67,7 @@ COMMANDS = {
     "models": commands.models,
     "train": commands.train,
     "compare": commands.compare,
+    "bench": commands.bench,
 }
 
 

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
 from compare import data as har_data
+from compare import bench as bench_paths
 from compare import checks, figures, paths, reference, report, runner, synthetic
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
@@ -68,13 +71,18 @@ def default_out() -> Path:
 QUICK_EPOCHS = 5
 
 
-def compare(args: argparse.Namespace) -> int:
-    """Exit 0 when every check passed on every engine, 1 when a check failed, 3 when an engine is missing."""
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+def parse_engines(text: str) -> list[str]:
+    engines = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         raise NativeLoopsError(f"unknown engine(s) {', '.join(unknown) or '(none)'}; --engines takes a comma-separated "
                                f"list of {', '.join(ENGINES)}")
+    return engines
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passed on every engine, 1 when a check failed, 3 when an engine is missing."""
+    engines = parse_engines(args.engines)
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
     ols = reference.ols_for(panel, args.asset, args.split, args.end)
@@ -98,3 +106,19 @@ def compare(args: argparse.Namespace) -> int:
     if outcome.failed:
         return 3
     return 0 if all(c.passed for c in found) else 1
+
+
+def bench(args: argparse.Namespace) -> int:
+    engines = parse_engines(args.engines)
+    if args.repeats < 1:
+        raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
+    panel, source = load(args)
+    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
+    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
+        timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
+    report.print_bench(timings, bench_paths.targets(timings))
+    if args.json:
+        write_json(args.json, timings | {"config": dataclasses.asdict(cfg), "seed": cfg.seed})
+        report.console().print(f"wrote {args.json}")
+    return 3 if timings["incomplete"] else 0

@@ -133,3 +133,19 @@ def progress(engines: list[str]):
                            completed=event["epoch"], total=event["epochs"])
 
         yield on_event
+
+
+def print_bench(timings: dict, targets) -> None:
+    table = Table("path", "median ms", "min ms", "compile ms", "µs/step", "× vs fit", "× vs NumPy",
+                  title=f"training time, {timings['steps']} Adam steps, median of {timings['repeats']}",
+                  title_justify="left")
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    for name, row in timings["paths"].items():
+        table.add_row(name, fmt(row["median_ms"], ",.1f"), fmt(row["min_ms"], ",.1f"), fmt(row["compile_ms"], ",.0f"),
+                      fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"), fmt(row["ratio_vs_numpy"], ".2f"))
+    console().print(table)
+    for what, value, goal, met in targets:
+        mark = "[green]✓[/green]" if met else "[red]✗[/red]"
+        console().print(f"{mark} {what}: {fmt(value, '.1f')}× (target ≥ {goal:g}×)")
+    for engine, why in timings["incomplete"].items():
+        console().print(f"[red]incomplete[/red]: {engine}: {why}")

@@ -105,6 +105,17 @@ def parity(request: dict, send) -> dict:
     return {}
 
 
+def bench(request: dict, send) -> dict:
+    """Train each requested path `repeats` times, alternating paths, and report each wall time."""
+    data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
+    for _ in range(request["repeats"]):
+        for name in request["paths"]:
+            seed_everything(cfg.seed)
+            result = paths.get(name).train(models.har(), data, cfg)
+            send(event="timing", path=name, seconds=result.train_seconds, compile_seconds=result.compile_seconds)
+    return {}
+
+
 def _resolve(spec: str):
     module, name = spec.split(":")
     return getattr(importlib.import_module(module), name)
@@ -118,7 +129,8 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
     return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
 
 
-HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity}
+HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
+            "bench": bench}
 
 
 def serve(requests, protocol) -> None:

@@ -1,0 +1,106 @@
+"""`native-loops bench`: every training path on the HAR, timed in one run, with ratios measured in that run.
+
+Engines run one after another (never side by side, so they do not share the two cores); within an engine the
+paths alternate repeat by repeat. Compile time is reported apart. Ratios are speed-ups: `ratio_vs_fit` = the
+engine's `fit` median / the path's median, `ratio_vs_numpy` = the NumPy floor's median / the path's median.
+Timings are never asserted by tests: these machines are shared and noisy.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compare import paths, runner
+from keras_side.config import HarData, TrainConfig, batch_slices, numpy_orders, versions
+
+TARGETS = (  # (path, against, at least): the issue's targets, printed with what this run measured
+    ("jax-native-scan", "fit", 150.0),
+    ("jax-native-scan", "numpy", 4.0),
+    ("torch-native", "fit", 3.0),
+)
+
+
+def bench_paths(engine: str) -> list[str]:
+    names = [p.name for p in paths.for_engine(engine)]
+    return names + ["jax-native-scan"] if engine == "jax" else names
+
+
+def numpy_adam(data: HarData, cfg: TrainConfig) -> float:
+    """The floor: the same Adam steps on `Dense(1)` written in NumPy, float32. Returns seconds."""
+    x, y = data.x_train, data.y_train
+    w, b = np.zeros((x.shape[1], 1), np.float32), np.zeros(1, np.float32)
+    m, v = [np.zeros_like(w), np.zeros_like(b)], [np.zeros_like(w), np.zeros_like(b)]
+    start, t = time.perf_counter(), 0
+    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+        xe, ye = x[order], y[order]
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            xb, r = xe[rows], xe[rows] @ w + b - ye[rows]
+            grads = (2.0 / len(r) * xb.T @ r, 2.0 / len(r) * r.sum(0))
+            t += 1
+            alpha = cfg.learning_rate * np.sqrt(1 - cfg.beta_2**t) / (1 - cfg.beta_1**t)
+            for i, (p, g) in enumerate(zip((w, b), grads)):
+                m[i] += (1 - cfg.beta_1) * (g - m[i])
+                v[i] += (1 - cfg.beta_2) * (g * g - v[i])
+                p -= alpha * m[i] / (np.sqrt(v[i]) + cfg.epsilon)
+    return time.perf_counter() - start
+
+
+def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repeats: int) -> dict:
+    """Time every path `repeats` times; the JSON of `native-loops bench --json`."""
+    cfg = cfg.replace(validate=False)
+    timings: dict[str, dict[str, list]] = {}
+    data_file = folder / "data.npz"
+    data.save(data_file)
+    def on_event(engine: str, event: dict) -> None:
+        if event.get("event") == "timing":
+            entry = timings.setdefault(event["path"], {"seconds": [], "compile": []})
+            entry["seconds"].append(event["seconds"])
+            if event.get("compile_seconds") is not None:
+                entry["compile"].append(event["compile_seconds"])
+
+    with runner.Pool(engines, folder, jobs=1) as pool:
+        request = {"data": str(data_file), "config": cfg.__dict__, "repeats": repeats}
+        pool.each("bench", lambda e: {**request, "paths": bench_paths(e)}, on_event)
+        failed = dict(pool.failed)
+    timings["numpy-floor"] = {"seconds": [numpy_adam(data, cfg) for _ in range(repeats)], "compile": []}
+    steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
+    return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
+            "machine": machine()}
+
+
+def _summary(timings: dict, steps: int) -> dict:
+    medians = {p: statistics.median(t["seconds"]) for p, t in timings.items()}
+    out = {}
+    for name, t in timings.items():
+        fit = f"keras-{paths.PATHS[name].engine}" if name in paths.PATHS else None
+        out[name] = {
+            "median_ms": medians[name] * 1e3,
+            "min_ms": min(t["seconds"]) * 1e3,
+            "compile_ms": statistics.median(t["compile"]) * 1e3 if t["compile"] else None,
+            "us_per_step": medians[name] * 1e6 / steps,
+            "ratio_vs_fit": medians[fit] / medians[name] if fit in medians else None,
+            "ratio_vs_numpy": medians["numpy-floor"] / medians[name],
+        }
+    return out
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions()}
+
+
+def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
+    """(description, measured, target, met) for each target whose path ran."""
+    rows = []
+    for path, against, goal in TARGETS:
+        row = report["paths"].get(path)
+        if row is None:
+            continue
+        value = row["ratio_vs_fit" if against == "fit" else "ratio_vs_numpy"]
+        rows.append((f"{path} vs {against}", value, goal, value is not None and value >= goal))
+    return rows
