@@ -25,6 +25,9 @@ TARGETS = (  # (path, against, at least): the issue's targets, printed with what
 )
 
 
+WALK_FORWARD_TARGETS = (("jax-vmap-1dev", 800.0), ("jax-vmap-2dev", 1200.0))
+
+
 def bench_paths(engine: str) -> list[str]:
     names = [p.name for p in paths.for_engine(engine)]
     return names + ["jax-native-scan"] if engine == "jax" else names
@@ -103,4 +106,8 @@ def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
             continue
         value = row["ratio_vs_fit" if against == "fit" else "ratio_vs_numpy"]
         rows.append((f"{path} vs {against}", value, goal, value is not None and value >= goal))
+    for name, goal in WALK_FORWARD_TARGETS:
+        row = report.get("walk_forward", {}).get(name)
+        if row is not None:
+            rows.append((f"walk-forward {name} models/s", row["models_per_s"], goal, row["models_per_s"] >= goal))
     return rows

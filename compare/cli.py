@@ -59,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per path (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+
+    p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--assets", default=None, help="comma-separated assets (default: all)")
+    p.add_argument("--devices", type=int, default=2, help="also shard the models over this many CPU devices")
+    p.add_argument("--fit-refits", type=int, default=3, help="refits timed with model.fit, then extrapolated")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
     return top
 
 
@@ -68,6 +76,7 @@ COMMANDS = {
     "train": commands.train,
     "compare": commands.compare,
     "bench": commands.bench,
+    "walk-forward": commands.walk_forward,
 }
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 from compare import data as har_data
 from compare import bench as bench_paths
 from compare import checks, figures, paths, reference, report, runner, synthetic
+from compare import walk_forward as walk
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
 from keras_side.backend import use_backend
-from keras_side.config import ENGINES, TrainConfig
+from keras_side.config import ENGINES, TrainConfig, versions
 
 
 def load(args: argparse.Namespace, **seed):
@@ -117,8 +118,38 @@ def bench(args: argparse.Namespace) -> int:
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
+        if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
+            windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end)
+            (Path(tmp) / "walk").mkdir()
+            timings["walk_forward"] = walk.run(windows, cfg, Path(tmp) / "walk", fit_refits=2)["timing"]
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
         write_json(args.json, timings | {"config": dataclasses.asdict(cfg), "seed": cfg.seed})
         report.console().print(f"wrote {args.json}")
     return 3 if timings["incomplete"] else 0
+
+
+def walk_forward(args: argparse.Namespace) -> int:
+    panel, source = load(args)
+    known = sorted(panel["activo"].unique())
+    assets = [a.strip() for a in args.assets.split(",")] if args.assets else known
+    for asset in assets:
+        har_data.har_features(panel, asset)  # an unknown asset stops here, with the list of known ones
+    if args.devices < 1:
+        raise NativeLoopsError(f"--devices must be at least 1, got {args.devices}")
+    shown = args.asset if args.asset in assets else assets[0]
+    windows = walk.build_windows(panel, assets, args.split, args.end)
+    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    out = Path(args.out) if args.out else default_out()
+    with atomic_folder(out) as tmp:
+        result = walk.run(windows, cfg, tmp, devices=args.devices, fit_refits=args.fit_refits)
+        ols = walk.ols_forecasts(windows)
+        jax_forecasts = result["forecasts"][1]
+        mse = {"ols": walk.oos_mse(windows, ols), "jax-vmap": walk.oos_mse(windows, jax_forecasts)}
+        report.print_walk_forward(mse, result["timing"], windows)
+        summary = {"config": dataclasses.asdict(cfg), "seed": cfg.seed, "versions": versions(), "source": source,
+                   "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"]}
+        write_json(tmp / "walk_forward.json", summary)
+        figures.forecasts(tmp / "forecasts.png", windows, {"OLS": ols, "JAX vmap": jax_forecasts}, shown)
+    report.console().print(f"report: {out}/walk_forward.json, forecasts.png")
+    return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only: no display is needed or wanted
 import matplotlib.pyplot as plt  # noqa: E402
@@ -36,6 +37,21 @@ def slopes(path: Path, per_path: dict[str, dict[str, float]], ols: dict[str, flo
     ax.invert_yaxis()  # d1 on top, as in the table
     ax.set(xlabel="slope (original units)", title="Slopes per path, OLS highlighted")
     ax.legend(fontsize=7, ncol=2, loc="best")
+    _save(fig, path)
+
+
+def forecasts(path: Path, windows, by_method: dict, asset: str) -> None:
+    """One asset's one-step-ahead forecasts against realized log RV over the walk-forward."""
+    rows = windows.assets == asset
+    live = windows.next_mask[rows]
+    dates = windows.dates_next[rows][live]
+    order = np.argsort(dates)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.plot(dates[order], windows.raw_y_next[rows][live][order], color="0.6", lw=0.6, label="realized log RV")
+    for name, values in by_method.items():
+        ax.plot(dates[order], values[rows][live][order], lw=1.0, label=name)
+    ax.set(ylabel="log RV", title=f"Walk-forward forecasts, {asset} (refit every 21 sessions)")
+    ax.legend(fontsize=8)
     _save(fig, path)
 
 

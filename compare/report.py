@@ -146,6 +146,24 @@ def print_bench(timings: dict, targets) -> None:
     console().print(table)
     for what, value, goal, met in targets:
         mark = "[green]✓[/green]" if met else "[red]✗[/red]"
-        console().print(f"{mark} {what}: {fmt(value, '.1f')}× (target ≥ {goal:g}×)")
+        unit = "" if "models/s" in what else "×"
+        console().print(f"{mark} {what}: {fmt(value, ',.1f')}{unit} (target ≥ {goal:,g}{unit})")
     for engine, why in timings["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")
+
+
+def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) -> None:
+    table = Table("asset", "models", "OLS OOS MSE", "JAX vmap OOS MSE", "vs OLS",
+                  title="walk-forward: refit every 21 sessions, expanding window", title_justify="left")
+    for asset, ols in mse["ols"].items():
+        got = mse["jax-vmap"][asset]
+        table.add_row(asset, str(int((windows.assets == asset).sum())), f"{ols:.4f}", f"{got:.4f}",
+                      f"{got / ols - 1:+.2%}")
+    console().print(table)
+    speed = Table("method", "devices", "seconds", "compile s", "models/s", "note", title="training time",
+                  title_justify="left")
+    for name, t in timing.items():
+        compile_s = t.get("compile_seconds")
+        speed.add_row(name, str(t["devices"]), f"{t['seconds']:.2f}", "" if compile_s is None else f"{compile_s:.2f}",
+                      f"{t['models_per_s']:,.1f}", t.get("note", ""))
+    console().print(speed)

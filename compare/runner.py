@@ -31,12 +31,11 @@ XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 class Worker:
     """A live worker process for one engine; `ask` sends a request and yields its events."""
 
-    def __init__(self, engine: str, folder: Path):
+    def __init__(self, engine: str, folder: Path, env: dict[str, str] | None = None):
         self.engine, self.folder = engine, folder
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
-        env = engine_environment(engine)
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_ONE_THREAD}".strip()
+        env = engine_environment(engine) | {"XLA_FLAGS": XLA_ONE_THREAD} | (env or {})
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, *WORKER], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
@@ -75,12 +74,12 @@ class Pool:
     later requests go only to the others.
     """
 
-    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS):
+    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None):
         self.engines, self.folder, self.jobs = list(engines), Path(folder), jobs
         self.failed: dict[str, str] = {
             e: f"{e} is not installed; `make setup` installs every engine" for e in engines if not engine_installed(e)
         }
-        self.workers = {e: Worker(e, self.engine_folder(e)) for e in self.live}
+        self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
 
     @property
     def live(self) -> list[str]:

@@ -32,3 +32,5 @@ LEVERAGE_STD_ERRORS = 2.0
 # against float64 autograd, elementwise |diff| <= ATOL + RTOL·|expected|.
 PARITY_RTOL = 1e-4  # float32 through a few layers and a recurrence: ~1e-6 relative, with margin
 PARITY_ATOL = 1e-6  # elements whose true gradient is ~0 (a ReLU at its kink, a zero-padded position)
+VMAP_VS_ALONE_ATOL = 1e-6  # a vmapped model against the same trainer run alone: batched float32 matmuls
+SHARDED_ATOL = 1e-7  # models sharded over devices against one device: the same per-model arithmetic

@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from compare import paths
 from keras_side import fit, models
-from keras_side.config import HarData, TrainConfig
+from keras_side.config import HarData, Scaling, TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.precision import float64
 
@@ -116,6 +117,42 @@ def bench(request: dict, send) -> dict:
     return {}
 
 
+def walk_forward(request: dict, send) -> dict:
+    """Train every walk-forward model at once (jax.vmap, sharded over 1..n devices), then a few with `fit`."""
+    import jax
+
+    from native import jax_many
+
+    cfg = TrainConfig(**request["config"])
+    with np.load(request["windows"]) as z:
+        w = dict(z)
+    n_models, model, timings = len(w["x"]), models.har(), {}
+    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), n_models)))
+    for count in request["devices"]:
+        pad = (-n_models) % count  # the model axis must split evenly: repeat model 0, drop it after
+        grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)])  # noqa: E731
+        start = time.perf_counter()
+        compiled, args = jax_many.train_many(model, grow(w["x"]), grow(w["y"]), grow(w["mask"]),
+                                             jax.random.wrap_key_data(grow(keys)), cfg,
+                                             devices=jax.devices()[:count])
+        compile_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        params = jax.block_until_ready(compiled(*args))
+        seconds = time.perf_counter() - start
+        params = [np.asarray(p)[:n_models] for p in params]
+        pred = jax_many.predict_many(model, params, w["x_next"])[..., 0]
+        np.savez(Path(request["out"]) / f"walk-forward-{count}.npz", pred=pred, **_named("p", params))
+        timings[count] = {"seconds": seconds, "compile_seconds": compile_seconds}
+    fit_seconds = []
+    for m in request["fit_models"]:
+        rows = w["mask"][m] > 0
+        scaling = Scaling(np.zeros(3), np.ones(3), 0.0, 1.0)  # timing only: the windows are standardized already
+        one = HarData(w["x"][m, rows], w["y"][m, rows], w["x_next"][m], w["x_next"][m, :, :1], scaling, (), "", "")
+        seed_everything(cfg.seed)
+        fit_seconds.append(fit.train(models.har(), one, cfg.replace(validate=False)).train_seconds)
+    return {"timings": timings, "fit_seconds": fit_seconds, "devices_available": len(jax.devices())}
+
+
 def _resolve(spec: str):
     module, name = spec.split(":")
     return getattr(importlib.import_module(module), name)
@@ -130,7 +167,7 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
 
 
 HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
-            "bench": bench}
+            "bench": bench, "walk_forward": walk_forward}
 
 
 def serve(requests, protocol) -> None:

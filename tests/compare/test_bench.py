@@ -14,4 +14,8 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys):
         assert row["median_ms"] > 0 and 0 < row["min_ms"] <= row["median_ms"] and row["ratio_vs_numpy"] > 0
     assert report["paths"]["jax-native-scan"]["compile_ms"] > 0 and report["paths"]["keras-jax"]["ratio_vs_fit"] == 1
     assert report["steps"] == 2 * 20 and report["machine"]["versions"]["keras"] == "3.15.1"
+    walk = report["walk_forward"]
+    assert walk["jax-vmap-1dev"]["models"] == walk["jax-vmap-2dev"]["models"] > 500
+    assert all(w["seconds"] > 0 and w["models_per_s"] > 0 for w in walk.values())
+    assert walk["keras-fit-extrapolated"]["measured_refits"] == 2
     assert "jax-native-scan vs fit" in capsys.readouterr().out
