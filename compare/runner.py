@@ -57,14 +57,20 @@ class Worker:
         lines = [ln for ln in self.log.read_text().splitlines() if ln.strip()]
         return lines[-1] if lines else "no output"
 
-    def close(self) -> None:
+    def request_exit(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write('{"cmd": "exit"}\n')
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
+            except BrokenPipeError:
+                pass
+
+    def close(self) -> None:
+        self.request_exit()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 class Pool:
@@ -124,6 +130,8 @@ class Pool:
         return errors
 
     def close(self) -> None:
+        for worker in self.workers.values():  # all at once: each takes a moment to exit
+            worker.request_exit()
         for worker in self.workers.values():
             worker.close()
 
