@@ -121,7 +121,9 @@ def bench(args: argparse.Namespace) -> int:
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
             windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end)
             (Path(tmp) / "walk").mkdir()
-            timings["walk_forward"] = walk.run(windows, cfg, Path(tmp) / "walk", fit_refits=2)["timing"]
+            wf_engines = [e for e in ("jax", "torch") if e in engines]
+            timings["walk_forward"] = walk.run(windows, cfg, Path(tmp) / "walk", engines=wf_engines,
+                                               fit_refits=2)["timing"]
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
         write_json(args.json, timings | {"config": dataclasses.asdict(cfg), "seed": cfg.seed})
@@ -142,14 +144,15 @@ def walk_forward(args: argparse.Namespace) -> int:
     cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
-        result = walk.run(windows, cfg, tmp, devices=args.devices, fit_refits=args.fit_refits)
-        ols = walk.ols_forecasts(windows)
-        jax_forecasts = result["forecasts"][1]
-        mse = {"ols": walk.oos_mse(windows, ols), "jax-vmap": walk.oos_mse(windows, jax_forecasts)}
+        engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]
+        result = walk.run(windows, cfg, tmp, engines=engines, devices=args.devices, fit_refits=args.fit_refits)
+        forecasts = {"ols": walk.ols_forecasts(windows)} | {
+            name: f for name, f in result["forecasts"].items() if not name.startswith("jax-vmap-") or name == "jax-vmap-1dev"}
+        mse = {name: walk.oos_mse(windows, f) for name, f in forecasts.items()}
         report.print_walk_forward(mse, result["timing"], windows)
         summary = {"config": dataclasses.asdict(cfg), "seed": cfg.seed, "versions": versions(), "source": source,
                    "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"]}
         write_json(tmp / "walk_forward.json", summary)
-        figures.forecasts(tmp / "forecasts.png", windows, {"OLS": ols, "JAX vmap": jax_forecasts}, shown)
+        figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
     report.console().print(f"report: {out}/walk_forward.json, forecasts.png")
     return 0

@@ -153,12 +153,13 @@ def print_bench(timings: dict, targets) -> None:
 
 
 def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) -> None:
-    table = Table("asset", "models", "OLS OOS MSE", "JAX vmap OOS MSE", "vs OLS",
-                  title="walk-forward: refit every 21 sessions, expanding window", title_justify="left")
+    """Out-of-sample MSE per asset and method (original units), then training time per method."""
+    methods = [m for m in mse if m != "ols"]
+    table = Table("asset", "models", "OLS", *methods, title="walk-forward out-of-sample MSE (vs OLS), refit every "
+                  "21 sessions, expanding window", title_justify="left")
     for asset, ols in mse["ols"].items():
-        got = mse["jax-vmap"][asset]
-        table.add_row(asset, str(int((windows.assets == asset).sum())), f"{ols:.4f}", f"{got:.4f}",
-                      f"{got / ols - 1:+.2%}")
+        cells = [f"{mse[m][asset]:.4f} ({mse[m][asset] / ols - 1:+.2%})" for m in methods]
+        table.add_row(asset, str(int((windows.assets == asset).sum())), f"{ols:.4f}", *cells)
     console().print(table)
     speed = Table("method", "devices", "seconds", "compile s", "models/s", "note", title="training time",
                   title_justify="left")

@@ -98,35 +98,36 @@ def oos_mse(w: Windows, forecasts: np.ndarray) -> dict[str, float]:
     return {a: float(err[w.assets == a][w.next_mask[w.assets == a]].mean()) for a in dict.fromkeys(w.assets)}
 
 
-def run(w: Windows, cfg: TrainConfig, folder: Path, *, devices: int = 2, fit_refits: int = 3) -> dict:
-    """Train every model with the vmapped JAX trainer on 1 and `devices` host devices, time a few `fit` refits,
-    and return forecasts and timings. Runs in a JAX worker whose XLA sees `devices` CPU devices."""
+def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"), devices: int = 2,
+        fit_refits: int = 3) -> dict:
+    """Train every model at once on each engine (JAX: vmap on 1 and `devices` host devices; torch: vmap over
+    stateless_call), time a few `fit` refits per engine, and return forecasts (original units) and timings.
+    Engines run one after another so their timings do not share the cores."""
     s = w.standardized()
     np.savez(folder / "windows.npz", **{k: s[k] for k in ("x", "y", "mask", "x_next")})
     counts = sorted({1, devices})
     picks = np.linspace(0, w.n_models - 1, fit_refits).round().astype(int).tolist() if fit_refits else []
     answers = {}
     env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={max(counts)}"}
-    with runner.Pool(["jax"], folder, env=env) as pool:
-        pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": cfg.__dict__,
-                                             "devices": counts, "fit_models": picks},
-                  lambda e, event: answers.update(event) if event["event"] == "done" else None)
-        if pool.failed:
-            raise NativeLoopsError(f"walk-forward worker failed: {pool.failed['jax']}")
-    forecasts = {}
-    for count in counts:
-        with np.load(pool.engine_folder("jax") / f"walk-forward-{count}.npz") as z:
-            forecasts[count] = z["pred"] * s["y_std"][:, None] + s["y_mean"][:, None]
-    timing = {}
-    for count in counts:
-        t = answers["timings"][str(count)]
-        timing[f"jax-vmap-{count}dev"] = {"models": w.n_models, "seconds": t["seconds"],
-                                          "compile_seconds": t["compile_seconds"],
-                                          "models_per_s": w.n_models / t["seconds"], "devices": count}
-    if answers["fit_seconds"]:
-        per_model = float(np.mean(answers["fit_seconds"]))
-        timing["keras-fit-extrapolated"] = {"models": w.n_models, "seconds": per_model * w.n_models,
-                                            "models_per_s": 1 / per_model, "devices": 1,
-                                            "measured_refits": len(answers["fit_seconds"]),
-                                            "note": f"timed on {len(answers['fit_seconds'])} refits, extrapolated"}
-    return {"forecasts": forecasts, "timing": timing, "devices_available": answers["devices_available"]}
+    with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
+        request = {"windows": str(folder / "windows.npz"), "config": cfg.__dict__, "devices": counts,
+                   "fit_models": picks}
+        pool.each("walk_forward", lambda e: request,
+                  lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)
+    if pool.failed:
+        raise NativeLoopsError("walk-forward worker failed: " + "; ".join(f"{e}: {m}" for e, m in pool.failed.items()))
+    forecasts, timing = {}, {}
+    for engine, answer in answers.items():
+        for name, t in answer["timings"].items():
+            pred = np.load(pool.engine_folder(engine) / f"walk-forward-{name}.npy")
+            forecasts[name] = pred * s["y_std"][:, None] + s["y_mean"][:, None]
+            timing[name] = {"models": w.n_models, "seconds": t["seconds"], "compile_seconds": t["compile_seconds"],
+                            "models_per_s": w.n_models / t["seconds"],
+                            "devices": int(name.split("-")[-1][:-3]) if name.endswith("dev") else 1}
+        if answer["fit_seconds"]:
+            per_model = float(np.mean(answer["fit_seconds"]))
+            timing[f"keras-{engine}-fit-extrapolated"] = {
+                "models": w.n_models, "seconds": per_model * w.n_models, "models_per_s": 1 / per_model,
+                "devices": 1, "measured_refits": len(answer["fit_seconds"]),
+                "note": f"timed on {len(answer['fit_seconds'])} refits, extrapolated"}
+    return {"forecasts": forecasts, "timing": timing}

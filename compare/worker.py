@@ -119,31 +119,15 @@ def bench(request: dict, send) -> dict:
 
 
 def walk_forward(request: dict, send) -> dict:
-    """Train every walk-forward model at once (jax.vmap, sharded over 1..n devices), then a few with `fit`."""
-    import jax
-
-    from native import jax_many
-
-    cfg = TrainConfig(**request["config"])
+    """Train every walk-forward model at once on this engine, then time a few refits with `fit`."""
+    cfg, out = TrainConfig(**request["config"]), Path(request["out"])
     with np.load(request["windows"]) as z:
         w = dict(z)
-    n_models, model, timings = len(w["x"]), models.har(), {}
-    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), n_models)))
-    for count in request["devices"]:
-        pad = (-n_models) % count  # the model axis must split evenly: repeat model 0, drop it after
-        grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)])  # noqa: E731
-        start = time.perf_counter()
-        compiled, args = jax_many.train_many(model, grow(w["x"]), grow(w["y"]), grow(w["mask"]),
-                                             jax.random.wrap_key_data(grow(keys)), cfg,
-                                             devices=jax.devices()[:count])
-        compile_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        params = jax.block_until_ready(compiled(*args))
-        seconds = time.perf_counter() - start
-        params = [np.asarray(p)[:n_models] for p in params]
-        pred = jax_many.predict_many(model, params, w["x_next"])[..., 0]
-        np.savez(Path(request["out"]) / f"walk-forward-{count}.npz", pred=pred, **_named("p", params))
-        timings[count] = {"seconds": seconds, "compile_seconds": compile_seconds}
+    trainer = _walk_jax if ENGINE == "jax" else _walk_torch
+    timings = {}
+    for name, (pred, seconds, compile_seconds) in trainer(w, cfg, request["devices"]).items():
+        np.save(out / f"walk-forward-{name}.npy", pred)
+        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds}
     fit_seconds = []
     for m in request["fit_models"]:
         rows = w["mask"][m] > 0
@@ -151,7 +135,41 @@ def walk_forward(request: dict, send) -> dict:
         one = HarData(w["x"][m, rows], w["y"][m, rows], w["x_next"][m], w["x_next"][m, :, :1], scaling, (), "", "")
         seed_everything(cfg.seed)
         fit_seconds.append(fit.train(models.har(), one, cfg.replace(validate=False)).train_seconds)
-    return {"timings": timings, "fit_seconds": fit_seconds, "devices_available": len(jax.devices())}
+    return {"timings": timings, "fit_seconds": fit_seconds}
+
+
+def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
+    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s)}."""
+    import jax
+
+    from native import jax_many
+
+    n_models, model, found = len(w["x"]), models.har(), {}
+    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), n_models)))
+    for count in (c for c in device_counts if c <= len(jax.devices())):
+        pad = (-n_models) % count  # the model axis must split evenly: repeat model 0, drop it after
+        grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)])  # noqa: E731
+        start = time.perf_counter()
+        compiled, args = jax_many.train_many(model, grow(w["x"]), grow(w["y"]), grow(w["mask"]),
+                                             jax.random.wrap_key_data(grow(keys)), cfg, devices=jax.devices()[:count])
+        compile_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        params = jax.block_until_ready(compiled(*args))
+        seconds = time.perf_counter() - start
+        params = [np.asarray(p)[:n_models] for p in params]
+        found[f"jax-vmap-{count}dev"] = (jax_many.predict_many(model, params, w["x_next"])[..., 0], seconds,
+                                         compile_seconds)
+    return found
+
+
+def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
+    from native import torch_many
+
+    model = models.har()
+    start = time.perf_counter()
+    params = torch_many.train_many(model, w["x"], w["y"], w["mask"], cfg)
+    seconds = time.perf_counter() - start
+    return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None)}
 
 
 def _resolve(spec: str):

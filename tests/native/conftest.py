@@ -4,7 +4,7 @@ ENGINE = require_backend()
 
 # Engine-specific files are collected only in their engine's pytest process (`make test` runs one per engine).
 ENGINE_FILES = {
-    "torch": ["test_torch_loop.py"],
+    "torch": ["test_torch_loop.py", "test_torch_many.py"],
     "jax": ["test_jax_loop.py", "test_jax_many.py"],
     "tensorflow": ["test_tf_loop.py"],
 }
