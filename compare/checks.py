@@ -81,10 +81,12 @@ def same_arithmetic(weights: dict[str, list[np.ndarray]]) -> list[Check]:
 
 
 def load_results(outcome: Outcome) -> dict[str, Result]:
-    return {p.name: Result.load(outcome.engine_folder(e), p.name) for e in outcome.complete for p in paths.for_engine(e)}
+    return {p.name: Result.load(outcome.engine_folder(e), p.name)
+            for e in outcome.complete for p in paths.for_engine(e)}
 
 
-def run_all(outcome: Outcome, data: HarData, ols: Ols, *, judge_ols: bool = True) -> tuple[dict[str, Result], list[Check]]:
+def run_all(outcome: Outcome, data: HarData, ols: Ols, *,
+            judge_ols: bool = True) -> tuple[dict[str, Result], list[Check]]:
     """Every check on every engine that finished; the results they were computed from. `judge_ols=False` leaves
     out `ols_reached` (a --quick run is too short to reach OLS; the other checks hold after any number of epochs)."""
     results = load_results(outcome)

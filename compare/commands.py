@@ -7,9 +7,9 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from compare import data as har_data
 from compare import bench as bench_paths
 from compare import checks, figures, paths, reference, report, runner, synthetic
+from compare import data as har_data
 from compare import walk_forward as walk
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
@@ -146,8 +146,9 @@ def walk_forward(args: argparse.Namespace) -> int:
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]
         result = walk.run(windows, cfg, tmp, engines=engines, devices=args.devices, fit_refits=args.fit_refits)
+        sharded = [name for name in result["forecasts"] if name.startswith("jax-vmap-") and name != "jax-vmap-1dev"]
         forecasts = {"ols": walk.ols_forecasts(windows)} | {
-            name: f for name, f in result["forecasts"].items() if not name.startswith("jax-vmap-") or name == "jax-vmap-1dev"}
+            name: f for name, f in result["forecasts"].items() if name not in sharded}  # sharded = 1 device
         mse = {name: walk.oos_mse(windows, f) for name, f in forecasts.items()}
         report.print_walk_forward(mse, result["timing"], windows)
         summary = {"config": dataclasses.asdict(cfg), "seed": cfg.seed, "versions": versions(), "source": source,

@@ -172,7 +172,8 @@ def prepare(
     return standardize(train, test, inputs, asset=asset, source=source)
 
 
-def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str | None = None, source: str = "") -> HarData:
+def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str | None = None,
+                  source: str = "") -> HarData:
     """All assets stacked, for the panel model: inputs (d1, s5, m22) and the integer asset id (n, 1)."""
     assets = sorted(panel["activo"].unique())
     sides = [split_dates(har_features(panel, a), split, end) for a in assets]

@@ -142,7 +142,8 @@ def print_bench(timings: dict, targets) -> None:
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     for name, row in timings["paths"].items():
         table.add_row(name, fmt(row["median_ms"], ",.1f"), fmt(row["min_ms"], ",.1f"), fmt(row["compile_ms"], ",.0f"),
-                      fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"), fmt(row["ratio_vs_numpy"], ".2f"))
+                      fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"),
+                      fmt(row["ratio_vs_numpy"], ".2f"))
     console().print(table)
     for what, value, goal, met in targets:
         mark = "[green]✓[/green]" if met else "[red]✗[/red]"

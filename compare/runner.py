@@ -171,7 +171,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, fl
         train = {"data": str(data_file), "config": cfg.__dict__, "init_weights": init}
         pool.each("train", lambda e: train, on_event)
         pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
-        h5 = {p.stem.removesuffix(".weights"): str(p) for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
+        h5 = {p.stem.removesuffix(".weights"): str(p)
+              for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
         pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5})
     return Outcome(folder, list(engines), pool.failed)
 

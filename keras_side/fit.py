@@ -11,7 +11,6 @@ import numpy as np
 
 from keras_side.config import HarData, Result, TrainConfig, numpy_orders, take
 
-
 VALIDATION_BATCH = 8192
 
 

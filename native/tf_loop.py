@@ -1,6 +1,6 @@
 """The Keras model trained with `tf.GradientTape` inside one `tf.function` step and the Keras Adam's `apply`.
 
-    KERAS_BACKEND=tensorflow python -c "from native import tf_loop; ..."   # or: native-loops train --path tensorflow-native
+    native-loops train --path tensorflow-native   # or, in your code: from native import tf_loop
 
 The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
 Batch order per epoch comes from `tf.random.experimental.stateless_shuffle` seeded by (config seed, epoch).

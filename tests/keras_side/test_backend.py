@@ -31,7 +31,8 @@ def test_variable_wins_over_keras_json(tmp_path):
 
 
 def test_configured_backend_precedence(tmp_path):
-    assert backend.configured_backend({"KERAS_HOME": str(tmp_path)}) == backend.BackendChoice("tensorflow", "Keras default")
+    default = backend.BackendChoice("tensorflow", "Keras default")
+    assert backend.configured_backend({"KERAS_HOME": str(tmp_path)}) == default
     (tmp_path / "keras.json").write_text('{"backend": "torch"}')
     assert backend.configured_backend({"KERAS_HOME": str(tmp_path)}).name == "torch"
     both = {"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "jax"}

@@ -6,7 +6,6 @@ from keras_side.ops import mean_squared_error, sharpe_ratio
 from tests.keras_side.conftest import ENGINE
 
 
-
 def engine_tensor_type():
     if ENGINE == "torch":
         import torch

@@ -29,7 +29,8 @@ def test_functional_call_trap_gives_zero_gradients(har):
     loss = torch.mean((torch.func.functional_call(model, params, (x,)) - y) ** 2)
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     assert all(g is None or float(g.abs().max()) == 0.0 for g in grads)
-    assert np.all(np.concatenate([g.ravel() for g in torch_loop.grad_at(model, har.x_train[:256], har.y_train[:256])]) != 0)
+    ours = torch_loop.grad_at(model, har.x_train[:256], har.y_train[:256])
+    assert all(np.all(g != 0) for g in ours)
 
 
 PREDICT_ON_JAX = """
