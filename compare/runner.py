@@ -8,6 +8,7 @@ installed, is recorded with its reason and the other engines carry on.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -36,6 +37,9 @@ class Worker:
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
         env = engine_environment(engine) | {"XLA_FLAGS": XLA_ONE_THREAD} | (env or {})
+        # The caller's import path too: a user's `build_model` may live where only pytest put it on sys.path.
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] +
+                                            [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, *WORKER], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)

@@ -79,8 +79,9 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
 
     readme = (REPO / "README.md").read_text()
     example = re.search(r"```python\n# tests/test_parity.py in your project\n(.*?)```", readme, re.S)
-    (tmp_path / "test_parity.py").write_text(example.group(1))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_parity.py"],
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_parity.py").write_text(example.group(1))  # importable only through pytest's path
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_parity.py"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "1 passed" in proc.stdout
