@@ -89,6 +89,9 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
     """
     request = {"build": callable_spec(build_model), "loss": loss_spec(loss), "training": training}
     wanted = list(engines or [e for e in ENGINES if runner.engine_installed(e)])
+    unknown = [e for e in wanted if e not in ENGINES]
+    if unknown:
+        raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
     with tempfile.TemporaryDirectory(prefix="grad-parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None

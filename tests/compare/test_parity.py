@@ -62,6 +62,8 @@ def test_unimportable_builder_is_a_clear_error():
         assert_gradients_match("no_such_module:build", X3, Y)
     with pytest.raises(ParityError, match="must be a function defined at module top level"):
         assert_gradients_match(lambda: None, X3, Y)
+    with pytest.raises(ParityError, match="unknown engine\\(s\\) mxnet"):
+        assert_gradients_match(parity_models.har, X3, Y, engines=["jax", "mxnet"])
 
 
 def test_failing_builder_names_the_callable(grad_parity):
