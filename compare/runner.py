@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from compare import reference
-from keras_side.backend import engine_environment, engine_installed  # noqa: F401 (tests replace engine_installed)
+from keras_side.backend import engine_environment, engine_installed
 from keras_side.config import HarData, TrainConfig
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
@@ -77,6 +77,22 @@ class Worker:
             self.proc.kill()
 
 
+@dataclass
+class Outcome:
+    """Where a compare run's workers wrote, and which engines did not finish (engine -> why)."""
+
+    folder: Path
+    engines: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> list[str]:
+        return [e for e in self.engines if e not in self.failed]
+
+    def engine_folder(self, engine: str) -> Path:
+        return self.folder / "engines" / engine
+
+
 class Pool:
     """One live worker per engine, reused for every request: `pool.each(cmd, request_for)`.
 
@@ -85,18 +101,15 @@ class Pool:
     """
 
     def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None):
-        self.engines, self.folder, self.jobs = list(engines), Path(folder), jobs
-        self.failed: dict[str, str] = {
-            e: f"{e} is not installed; `make setup` installs every engine" for e in engines if not engine_installed(e)
-        }
+        missing = {e: f"{e} is not installed; `make setup` installs every engine"
+                   for e in engines if not engine_installed(e)}
+        self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
+        self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
 
     @property
     def live(self) -> list[str]:
-        return [e for e in self.engines if e not in self.failed]
-
-    def engine_folder(self, engine: str) -> Path:
-        return self.folder / "engines" / engine
+        return self.outcome.complete
 
     def each(self, cmd: str, request_for=lambda engine: {}, on_event=lambda engine, event: None, *,
              only: list[str] | None = None, fail_engines: bool = True) -> dict[str, str]:
@@ -146,22 +159,6 @@ class Pool:
         self.close()
 
 
-@dataclass
-class Outcome:
-    """Where a compare run's workers wrote, and which engines did not finish (engine -> why)."""
-
-    folder: Path
-    engines: list[str]
-    failed: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> list[str]:
-        return [e for e in self.engines if e not in self.failed]
-
-    def engine_folder(self, engine: str) -> Path:
-        return self.folder / "engines" / engine
-
-
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, float64: bool = False,
         on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
     """Train every path on every engine, take gradients at fixed weights, and predict with every other engine's
@@ -178,7 +175,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, fl
         h5 = {p.stem.removesuffix(".weights"): str(p)
               for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
         pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5})
-    return Outcome(folder, list(engines), pool.failed)
+    return pool.outcome
 
 
 def initial_weights(data: HarData, seed: int) -> list[np.ndarray]:
