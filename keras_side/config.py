@@ -176,7 +176,8 @@ class Result:
     def save(self, folder: Path) -> None:
         """Write `<path>.json` (everything but arrays) and `<path>.npz` (weights, predictions)."""
         folder = Path(folder)
-        meta = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("weights", "test_pred")}
+        arrays_only = ("weights", "test_pred")
+        meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in arrays_only}
         arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | {"test_pred": self.test_pred}
         np.savez(folder / f"{self.path}.npz", **arrays)
         (folder / f"{self.path}.json").write_text(json.dumps(meta, indent=1))
