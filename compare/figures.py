@@ -42,15 +42,15 @@ def slopes(path: Path, per_path: dict[str, dict[str, float]], ols: dict[str, flo
 
 def forecasts(path: Path, windows, by_method: dict, asset: str) -> None:
     """One asset's one-step-ahead forecasts against realized log RV over the walk-forward."""
-    rows = windows.assets == asset
-    live = windows.next_mask[rows]
-    dates = windows.dates_next[rows][live]
+    i = list(windows.assets).index(asset)
+    live = windows.next_mask[i]
+    dates = windows.dates_next[i][live]
     order = np.argsort(dates)
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    ax.plot(dates[order], windows.raw_y_next[rows][live][order], color="0.6", lw=0.6, label="realized log RV")
+    ax.plot(dates[order], windows.y_next[i][live][order], color="0.6", lw=0.6, label="realized log RV")
     for name, values in by_method.items():
-        ax.plot(dates[order], values[rows][live][order], lw=1.0, label=name)
-    ax.set(ylabel="log RV", title=f"Walk-forward forecasts, {asset} (refit every 21 sessions)")
+        ax.plot(dates[order], values[i][live][order], lw=1.0, label=name)
+    ax.set(ylabel="log RV", title=f"Walk-forward forecasts, {asset} (refit every {windows.every} sessions)")
     ax.legend(fontsize=8)
     _save(fig, path)
 

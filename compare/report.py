@@ -157,10 +157,11 @@ def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) 
     """Out-of-sample MSE per asset and method (original units), then training time per method."""
     methods = [m for m in mse if m != "ols"]
     table = Table("asset", "models", "OLS", *methods, title="walk-forward out-of-sample MSE (vs OLS), refit every "
-                  "21 sessions, expanding window", title_justify="left")
-    for asset, ols in mse["ols"].items():
+                  f"{windows.every} sessions, expanding window", title_justify="left")
+    for asset, refits in zip(windows.assets, windows.live.sum(axis=1)):
+        ols = mse["ols"][asset]
         cells = [f"{mse[m][asset]:.4f} ({mse[m][asset] / ols - 1:+.2%})" for m in methods]
-        table.add_row(asset, str(int((windows.assets == asset).sum())), f"{ols:.4f}", *cells)
+        table.add_row(asset, str(int(refits)), f"{ols:.4f}", *cells)
     console().print(table)
     speed = Table("method", "devices", "seconds", "compile s", "models/s", "note", title="training time",
                   title_justify="left")

@@ -34,6 +34,6 @@ PARITY_RTOL = 1e-4  # float32 through a few layers and a recurrence: ~1e-6 relat
 PARITY_ATOL = 1e-6  # elements whose true gradient is ~0 (a ReLU at its kink, a zero-padded position)
 VMAP_VS_ALONE_ATOL = 1e-6  # a vmapped model against the same trainer run alone: batched float32 matmuls
 SHARDED_ATOL = 1e-7  # models sharded over devices against one device: the same per-model arithmetic
-# Walk-forward forecasts of 40-epoch Adam fits against OLS forecasts, per asset: measured within 0.3% (JAX) and
-# 1.2% (torch, whose lockstep models keep stepping on momentum once their window runs out of rows).
-WALK_FORWARD_MSE_RTOL = 0.02
+# Walk-forward forecasts of 40-epoch Adam fits against OLS forecasts, per asset: measured within 0.21% (JAX) and
+# 0.30% (torch) on the six synthetic assets; the margin covers other seeds' Adam noise around the optimum.
+WALK_FORWARD_MSE_RTOL = 0.01

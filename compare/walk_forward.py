@@ -1,8 +1,8 @@
 """The walk-forward: refit the HAR every 21 sessions on an expanding window across the test period, for every
 asset, and forecast the sessions until the next refit. One model per (asset, refit date).
 
-    windows = build_windows(panel, assets, split, end)   # padded, per-model standardized arrays
-    ols = ols_forecasts(windows)                          # the known answer, by accumulated normal equations
+    windows = build_windows(panel, assets, split, end)   # every (asset, refit) on one grid
+    ols = ols_forecasts(windows)                          # the known answer, from prefix sums of XᵀX and Xᵀy
 """
 from __future__ import annotations
 
@@ -22,91 +22,130 @@ REFIT_EVERY = 21
 
 @dataclass(frozen=True)
 class Windows:
-    """Model m trains on rows where mask[m] is 1 and forecasts the rows where next_mask[m] is 1.
+    """Every refit of every asset on one grid (assets, refits).
 
-    Inputs are standardized with model m's own training window (no look-ahead); raw_* keep original units.
+    Refit r of asset a trains on the first `rows[a, r]` rows of the asset's HAR design (x[a], y[a], in time order)
+    and forecasts the following rows, one step ahead, until the next refit. An asset with fewer refits than the
+    others is padded with `rows == 0` (see `live`).
     """
 
-    assets: np.ndarray  # (M,) asset of each model
-    refit_dates: np.ndarray  # (M,) first forecast day
-    raw_x: np.ndarray  # (M, N, 3) float64, zero-padded
-    raw_y: np.ndarray  # (M, N)
-    mask: np.ndarray  # (M, N) float32
-    raw_x_next: np.ndarray  # (M, H, 3)
-    raw_y_next: np.ndarray  # (M, H)
-    next_mask: np.ndarray  # (M, H) bool
-    dates_next: np.ndarray  # (M, H) datetime64, NaT where masked
+    assets: np.ndarray  # (A,) names
+    x: np.ndarray  # (A, N, 3) float64 HAR regressors, original units, zero past an asset's last row
+    y: np.ndarray  # (A, N) log RV of the day
+    dates: np.ndarray  # (A, N) datetime64, NaT past an asset's last row
+    length: np.ndarray  # (A,) rows of each asset, up to the end of the test period
+    rows: np.ndarray  # (A, R) training rows of each refit
+    every: int = REFIT_EVERY
+
+    @property
+    def live(self) -> np.ndarray:
+        return self.rows > 0
 
     @property
     def n_models(self) -> int:
-        return len(self.assets)
+        return int(self.live.sum())
 
-    def standardized(self) -> dict[str, np.ndarray]:
-        """float32 model inputs scaled with each window's own training statistics, plus those statistics."""
-        w = self.mask[..., None].astype(np.float64)
-        n = w.sum(axis=1)
-        x_mean = (self.raw_x * w).sum(axis=1) / n
-        x_std = np.sqrt((((self.raw_x - x_mean[:, None]) ** 2) * w).sum(axis=1) / n)
-        y_mean = (self.raw_y * self.mask).sum(axis=1) / n[:, 0]
-        y_std = np.sqrt((((self.raw_y - y_mean[:, None]) ** 2) * self.mask).sum(axis=1) / n[:, 0])
-        scale_x = lambda a: ((a - x_mean[:, None]) / x_std[:, None]).astype(np.float32)  # noqa: E731
+    @property
+    def next_index(self) -> np.ndarray:
+        """(A, R, H) the row each refit forecasts at horizon h (valid where `next_mask`)."""
+        return self.rows[..., None] + np.arange(self.every)
+
+    @property
+    def next_mask(self) -> np.ndarray:
+        return self.live[..., None] & (self.next_index < self.length[:, None, None])
+
+    def _next(self, values: np.ndarray) -> np.ndarray:
+        index = np.minimum(self.next_index, self.x.shape[1] - 1)
+        return values[np.arange(len(self.assets))[:, None, None], index]
+
+    @property
+    def x_next(self) -> np.ndarray:
+        return self._next(self.x)
+
+    @property
+    def y_next(self) -> np.ndarray:
+        return np.where(self.next_mask, self._next(self.y), np.nan)
+
+    @property
+    def dates_next(self) -> np.ndarray:
+        return np.where(self.next_mask, self._next(self.dates), np.datetime64("NaT"))
+
+    @property
+    def refit_dates(self) -> np.ndarray:
+        return self.dates_next[..., 0]
+
+    def model_inputs(self) -> dict[str, np.ndarray]:
+        """float32 model inputs, each asset scaled with the statistics of its first training window.
+
+        That window (the training period) is inside every later window, so no model sees its future; one scaling
+        per asset keeps x shared by all of an asset's models. OLS, the known answer, does not depend on it.
+        """
+        first = np.arange(self.x.shape[1])[None] < self.rows[:, :1]  # (A, N)
+        w = first[..., None]
+        x_mean = (self.x * w).sum(1) / w.sum(1)
+        x_std = np.sqrt((((self.x - x_mean[:, None]) ** 2) * w).sum(1) / w.sum(1))
+        y_mean = (self.y * first).sum(1) / first.sum(1)
+        y_std = np.sqrt((((self.y - y_mean[:, None]) ** 2) * first).sum(1) / first.sum(1))
+        inside = (np.arange(self.x.shape[1])[None] < self.length[:, None])[..., None]
         return {
-            "x": scale_x(self.raw_x) * self.mask[..., None],
-            "y": (((self.raw_y - y_mean[:, None]) / y_std[:, None]) * self.mask)[..., None].astype(np.float32),
-            "mask": self.mask.astype(np.float32),
-            "x_next": scale_x(self.raw_x_next),
+            "x": (((self.x - x_mean[:, None]) / x_std[:, None]) * inside).astype(np.float32),
+            "y": (((self.y - y_mean[:, None]) / y_std[:, None])[..., None] * inside).astype(np.float32),
+            "rows": self.rows.astype(np.int32),
+            "x_next": ((self.x_next - x_mean[:, None, None]) / x_std[:, None, None]).astype(np.float32),
             "y_mean": y_mean,
             "y_std": y_std,
         }
 
 
 def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, every: int = REFIT_EVERY) -> Windows:
-    rows = []
+    designs = []
     for asset in assets:
         design = har_data.har_features(panel, asset)
         train, test = har_data.split_dates(design, split, end)
-        x, y = design[list(har_data.HAR)].to_numpy(), design["y"].to_numpy()
-        first, last = len(train), len(train) + len(test)
-        for t in range(first, last, every):
-            stop = min(t + every, last)
-            rows.append((asset, design.index[t], x[:t], y[:t], x[t:stop], y[t:stop], design.index[t:stop]))
-    n, h = max(len(r[3]) for r in rows), every
-    m = len(rows)
-    out = {"raw_x": np.zeros((m, n, 3)), "raw_y": np.zeros((m, n)), "mask": np.zeros((m, n), np.float32),
-           "raw_x_next": np.zeros((m, h, 3)), "raw_y_next": np.zeros((m, h)), "next_mask": np.zeros((m, h), bool),
-           "dates_next": np.full((m, h), np.datetime64("NaT"), "datetime64[ns]")}
-    for i, (_, _, x, y, xn, yn, dates) in enumerate(rows):
-        out["raw_x"][i, : len(y)], out["raw_y"][i, : len(y)], out["mask"][i, : len(y)] = x, y, 1.0
-        k = len(yn)
-        out["raw_x_next"][i, :k], out["raw_y_next"][i, :k], out["next_mask"][i, :k] = xn, yn, True
-        out["dates_next"][i, :k] = dates.values
-    return Windows(np.array([r[0] for r in rows]), np.array([r[1] for r in rows], "datetime64[ns]"), **out)
+        designs.append((design.iloc[: len(train) + len(test)], len(train)))
+    n = max(len(d) for d, _ in designs)
+    refits = [range(first, len(d), every) for d, first in designs]
+    a, r = len(designs), max(len(t) for t in refits)
+    x, y = np.zeros((a, n, 3)), np.zeros((a, n))
+    dates, rows = np.full((a, n), np.datetime64("NaT"), "datetime64[ns]"), np.zeros((a, r), np.int64)
+    for i, ((design, _), starts) in enumerate(zip(designs, refits)):
+        k = len(design)
+        x[i, :k], y[i, :k] = design[list(har_data.HAR)].to_numpy(), design["y"].to_numpy()
+        dates[i, :k], rows[i, : len(starts)] = design.index.values, list(starts)
+    return Windows(np.array(list(assets)), x, y, dates, np.array([len(d) for d, _ in designs]), rows, every)
 
 
 def ols_forecasts(w: Windows) -> np.ndarray:
-    """OLS forecasts (M, H) in original units, from the normal equations accumulated over each window."""
-    design = np.concatenate([np.ones(w.raw_x.shape[:2] + (1,)), w.raw_x], axis=2) * w.mask[..., None]
-    xtx = np.einsum("mni,mnj->mij", design, design)
-    xty = np.einsum("mni,mn->mi", design, w.raw_y * w.mask)
-    coef = np.linalg.solve(xtx, xty[..., None])[..., 0]
-    return coef[:, :1] + np.einsum("mhi,mi->mh", w.raw_x_next, coef[:, 1:])
+    """OLS forecasts (A, R, H) in original units. The normal equations of every expanding window are prefix sums
+    of one pass over each asset's rows, so all refits cost one cumulative sum (regressors centered first, for a
+    better-conditioned XᵀX)."""
+    center = w.x[:, :1].copy()  # each asset's first row: any constant shift works, the intercept absorbs it
+    design = np.concatenate([np.ones(w.y.shape + (1,)), w.x - center], axis=2)
+    xtx = np.cumsum(np.einsum("ani,anj->anij", design, design), axis=1)
+    xty = np.cumsum(design * w.y[..., None], axis=1)
+    a, r = np.nonzero(w.live)
+    last = w.rows[a, r] - 1
+    coef = np.zeros(w.rows.shape + (4,))
+    coef[a, r] = np.linalg.solve(xtx[a, last], xty[a, last][..., None])[..., 0]
+    return coef[..., :1] + np.einsum("arhi,ari->arh", w.x_next - center[:, None], coef[..., 1:])
 
 
 def oos_mse(w: Windows, forecasts: np.ndarray) -> dict[str, float]:
     """Out-of-sample MSE per asset (original units) over every forecast day."""
-    err = (forecasts - w.raw_y_next) ** 2
-    return {a: float(err[w.assets == a][w.next_mask[w.assets == a]].mean()) for a in dict.fromkeys(w.assets)}
+    err = (forecasts - w.y_next) ** 2
+    return {asset: float(err[i][w.next_mask[i]].mean()) for i, asset in enumerate(w.assets)}
 
 
 def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"), devices: int = 2,
         fit_refits: int = 3) -> dict:
     """Train every model at once on each engine (JAX: vmap on 1 and `devices` host devices; torch: vmap over
-    stateless_call), time a few `fit` refits per engine, and return forecasts (original units) and timings.
-    Engines run one after another so their timings do not share the cores."""
-    s = w.standardized()
-    np.savez(folder / "windows.npz", **{k: s[k] for k in ("x", "y", "mask", "x_next")})
+    stateless_call), time a few `fit` refits per engine, and return forecasts (A, R, H) in original units and
+    timings. Engines run one after another so their timings do not share the cores."""
+    inputs = w.model_inputs()
+    np.savez(folder / "windows.npz", **{k: inputs[k] for k in ("x", "y", "rows", "x_next")})
     counts = sorted({1, devices})
-    picks = np.linspace(0, w.n_models - 1, fit_refits).round().astype(int).tolist() if fit_refits else []
+    live = np.argwhere(w.live)
+    picks = live[np.linspace(0, len(live) - 1, fit_refits).round().astype(int)].tolist() if fit_refits else []
     answers = {}
     env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={max(counts)}"}
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
@@ -116,14 +155,13 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
                   lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)
     if pool.failed:
         raise NativeLoopsError("walk-forward worker failed: " + "; ".join(f"{e}: {m}" for e, m in pool.failed.items()))
+    scale, shift = inputs["y_std"][:, None, None], inputs["y_mean"][:, None, None]
     forecasts, timing = {}, {}
     for engine, answer in answers.items():
         for name, t in answer["timings"].items():
-            pred = np.load(pool.engine_folder(engine) / f"walk-forward-{name}.npy")
-            forecasts[name] = pred * s["y_std"][:, None] + s["y_mean"][:, None]
+            forecasts[name] = np.load(pool.engine_folder(engine) / f"walk-forward-{name}.npy") * scale + shift
             timing[name] = {"models": w.n_models, "seconds": t["seconds"], "compile_seconds": t["compile_seconds"],
-                            "models_per_s": w.n_models / t["seconds"],
-                            "devices": int(name.split("-")[-1][:-3]) if name.endswith("dev") else 1}
+                            "models_per_s": w.n_models / t["seconds"], "devices": t["devices"]}
         if answer["fit_seconds"]:
             per_model = float(np.mean(answer["fit_seconds"]))
             timing[f"keras-{engine}-fit-extrapolated"] = {

@@ -125,40 +125,44 @@ def walk_forward(request: dict, send) -> dict:
         w = dict(z)
     trainer = _walk_jax if ENGINE == "jax" else _walk_torch
     timings = {}
-    for name, (pred, seconds, compile_seconds) in trainer(w, cfg, request["devices"]).items():
+    for name, (pred, seconds, compile_seconds, devices) in trainer(w, cfg, request["devices"]).items():
         np.save(out / f"walk-forward-{name}.npy", pred)
-        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds}
+        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices}
     fit_seconds = []
-    for m in request["fit_models"]:
-        rows = w["mask"][m] > 0
-        scaling = Scaling(np.zeros(3), np.ones(3), 0.0, 1.0)  # timing only: the windows are standardized already
-        one = HarData(w["x"][m, rows], w["y"][m, rows], w["x_next"][m], w["x_next"][m, :, :1], scaling, (), "", "")
+    for a, r in request["fit_models"]:
+        rows = int(w["rows"][a, r])
+        scaling = Scaling(np.zeros(3), np.ones(3), 0.0, 1.0)  # timing only: the inputs are standardized already
+        one = HarData(w["x"][a, :rows], w["y"][a, :rows], w["x_next"][a, r], w["x_next"][a, r, :, :1], scaling,
+                      (), "", "")
         seed_everything(cfg.seed)
         fit_seconds.append(fit.train(models.har(), one, cfg.replace(validate=False)).train_seconds)
     return {"timings": timings, "fit_seconds": fit_seconds}
 
 
 def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
-    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s)}."""
+    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}."""
     import jax
 
     from native import jax_many
 
-    n_models, model, found = len(w["x"]), models.har(), {}
-    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), n_models)))
+    model, found = models.har(), {}
+    groups, refits = w["rows"].shape
+    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), groups * refits)))
+    keys = keys.reshape(groups, refits, -1)
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        pad = (-n_models) % count  # the model axis must split evenly: repeat model 0, drop it after
-        grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)])  # noqa: E731
+        pad = (-refits) % count  # the model axis must split evenly: add empty windows (rows 0), drop them after
+        grow = lambda a: np.concatenate([a, a[:, :1].repeat(pad, axis=1)], axis=1)  # noqa: E731
+        rows = np.concatenate([w["rows"], np.zeros((groups, pad), w["rows"].dtype)], axis=1)
         start = time.perf_counter()
-        compiled, args = jax_many.train_many(model, grow(w["x"]), grow(w["y"]), grow(w["mask"]),
-                                             jax.random.wrap_key_data(grow(keys)), cfg, devices=jax.devices()[:count])
+        compiled, args = jax_many.train_many(model, w["x"], w["y"], rows, jax.random.wrap_key_data(grow(keys)), cfg,
+                                             devices=jax.devices()[:count])
         compile_seconds = time.perf_counter() - start
         start = time.perf_counter()
         params = jax.block_until_ready(compiled(*args))
         seconds = time.perf_counter() - start
-        params = [np.asarray(p)[:n_models] for p in params]
-        found[f"jax-vmap-{count}dev"] = (jax_many.predict_many(model, params, w["x_next"])[..., 0], seconds,
-                                         compile_seconds)
+        params = [np.asarray(p)[:, :refits] for p in params]
+        pred = jax_many.predict_many(model, params, w["x_next"])[..., 0]
+        found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count)
     return found
 
 
@@ -167,9 +171,9 @@ def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
 
     model = models.har()
     start = time.perf_counter()
-    params = torch_many.train_many(model, w["x"], w["y"], w["mask"], cfg)
+    params = torch_many.train_many(model, w["x"], w["y"], w["rows"], cfg)
     seconds = time.perf_counter() - start
-    return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None)}
+    return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None, 1)}
 
 
 def _resolve(spec: str):

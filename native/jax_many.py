@@ -1,13 +1,19 @@
 """Many small Keras models at once: `jax.vmap` of a fused trainer over models, masked windows, one jit.
 
-    compiled, args = train_many(model, x, y, mask, keys, cfg, devices=jax.devices())
+    compiled, args = train_many(model, x, y, rows, keys, cfg, devices=jax.devices())
     params = compiled(*args)
 
-Each model m trains on the rows where `mask[m]` is 1 (a walk-forward's expanding window, padded to one length).
-An epoch shuffles the valid rows to the front, so a model sees ceil(n_m / batch) real batches, the last one short
-and masked; batches with no valid row leave its weights and Adam state untouched. A model therefore trains
-exactly as it would alone, and `fit_one` (the unbatched trainer) is the test of that. With several devices the
-model axis is sharded over them (`jax.sharding`), so the same code scales to more chips or hosts.
+The models come in groups that share their data: x (groups, N, features) and y (groups, N, 1), for example one
+group per asset. Model (g, m) trains on the first `rows[g, m]` rows of its group (a walk-forward's expanding
+window). Each epoch draws one permutation of the N positions, shared by every model, and cuts it into batches;
+a model's loss on a batch is the mean over the rows of the batch that lie inside its window, so every model sees
+each of its rows once per epoch, in random order, and steps on every batch. A window of n rows therefore meets
+about batch_size·n/N of its rows per batch, and every model takes ceil(N / batch_size) steps per epoch.
+
+Why this shape: the data stays shared. The inner `vmap` maps over the models of a group with x unbatched, so a
+step is one matmul of the batch against all of the group's weights, never a copy of x per model. The unbatched
+trainer `make_fit_one` is the test of the vmapped one. With several devices the model axis is sharded over them
+(`jax.sharding`), so the same code scales to more chips or hosts.
 """
 from __future__ import annotations
 
@@ -34,48 +40,40 @@ def init_params(model, key) -> list[jax.Array]:
     return params
 
 
-def valid_first(perm, mask):
-    """Reorder a permutation of all rows so this model's valid rows come first, each group in `perm`'s order.
+def epoch_batches(key, x, y, batch_size: int):
+    """One shuffle of a group's rows, cut into batches: x (batches, batch_size, F), y, and the row index of each
+    position (N, one past the last row, for the padding of the short last batch)."""
+    n_rows = x.shape[0]
+    n_batches = -(-n_rows // batch_size)
+    order = jnp.pad(jax.random.permutation(key, n_rows), (0, n_batches * batch_size - n_rows), constant_values=n_rows)
+    order = order.reshape(n_batches, batch_size)
+    pad = lambda a: jnp.pad(a, ((0, 1), (0, 0)))  # noqa: E731  the padding row, index n_rows
+    return pad(x)[order], pad(y)[order], order
 
-    A stable partition by prefix sums: O(rows), where sorting each model's rows would be O(rows·log rows) per
-    model and per epoch (the slowest part of an earlier version).
-    """
-    valid = mask[perm] > 0
-    n_valid = jnp.sum(valid)
-    pos = jnp.where(valid, jnp.cumsum(valid) - 1, n_valid + jnp.cumsum(~valid) - 1)
-    return jnp.zeros_like(perm).at[pos].set(perm)
 
+def make_fit_one(model, cfg: TrainConfig):
+    """`fit_one(params, x, y, rows, key) -> params`: one model trained on the first `rows` rows of x and y.
 
-def make_fit_one(model, cfg: TrainConfig, n_rows: int):
-    """`fit_one(params, x, y, mask, key) -> params`: the fused trainer of one model, ready for `jax.vmap`.
-
-    `key` draws one permutation of all rows per epoch; share it across models (vmap with `in_axes=None`) and
-    the permutation is drawn once for all of them.
+    `key` draws the epochs' permutations; share it across models (vmap with `in_axes=None`) and every model sees
+    the same batches, so a group's x is gathered once per epoch for all of its models.
     """
     optimizer = adam(cfg)
-    n_batches = -(-n_rows // cfg.batch_size)
-    pad = n_batches * cfg.batch_size - n_rows
 
-    def loss_fn(params, xb, yb, mb):
+    def loss_fn(params, xb, yb, inside):
         pred, _ = model.stateless_call(params, [], xb)
-        return jnp.sum(mb[:, None] * (pred - yb) ** 2) / jnp.maximum(jnp.sum(mb), 1.0)
+        return jnp.sum(inside[:, None] * (pred - yb) ** 2) / jnp.maximum(jnp.sum(inside), 1.0)
 
-    def fit_one(params, x, y, mask, key):
+    def step(carry, batch, rows):
+        params, opt_state = carry
+        xb, yb, index = batch
+        grads = jax.grad(loss_fn)(params, xb, yb, (index < rows).astype(xb.dtype))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), None
+
+    def fit_one(params, x, y, rows, key):
         def epoch(carry, epoch_key):
-            order = valid_first(jax.random.permutation(epoch_key, n_rows), mask)
-            idx = jnp.pad(order, (0, pad)).reshape(n_batches, cfg.batch_size)
-            live_rows = jnp.pad(mask[order], (0, pad)).reshape(n_batches, cfg.batch_size)
-
-            def step(carry, batch):
-                params, opt_state = carry
-                grads = jax.grad(loss_fn)(params, *batch)
-                updates, new_state = optimizer.update(grads, opt_state, params)
-                live = jnp.sum(batch[2]) > 0  # an all-padding batch is no step at all
-                keep = lambda new, old: jnp.where(live, new, old)  # noqa: E731
-                return (jax.tree.map(keep, optax.apply_updates(params, updates), params),
-                        jax.tree.map(keep, new_state, opt_state)), None
-
-            return jax.lax.scan(step, carry, (x[idx], y[idx], live_rows))[0], None  # one gather per epoch
+            batches = epoch_batches(epoch_key, x, y, cfg.batch_size)
+            return jax.lax.scan(lambda c, b: step(c, b, rows), carry, batches)[0], None
 
         carry = (params, optimizer.init(params))
         return jax.lax.scan(epoch, carry, jax.random.split(key, cfg.epochs))[0][0]
@@ -83,24 +81,28 @@ def make_fit_one(model, cfg: TrainConfig, n_rows: int):
     return fit_one
 
 
-def train_many(model, x, y, mask, keys, cfg: TrainConfig, *, devices=None):
-    """Compile the trainer of one model per leading index of x (models, rows, features), y (models, rows, 1) and
-    mask (models, rows); the number of models must divide by the number of devices.
+def train_many(model, x, y, rows, keys, cfg: TrainConfig, *, devices=None):
+    """Compile the trainer of every model: x (groups, N, features), y (groups, N, 1), rows and keys (groups, models).
 
-    Returns `(compiled, args)`: `compiled(*args)` trains and returns the params stacked on the model axis, so
-    callers time compile and run apart.
+    `keys` seed each model's initial weights; the first one also draws the epochs' shared permutations. With
+    `devices`, the model axis is sharded over them and must divide by their number.
+    Returns `(compiled, args)`: `compiled(*args)` trains and returns the params stacked as (groups, models, ...),
+    so callers time compile and run apart.
     """
-    fit_many = jax.vmap(make_fit_one(model, cfg, x.shape[1]), in_axes=(0, 0, 0, 0, None))
-    params = jax.vmap(lambda k: init_params(model, k))(keys)
-    args = (params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask), jax.random.fold_in(keys[0], 1))
+    fit_one = make_fit_one(model, cfg)
+    fit_group = jax.vmap(fit_one, in_axes=(0, None, None, 0, None))  # the group's models; x and y shared
+    fit_many = jax.vmap(fit_group, in_axes=(0, 0, 0, 0, None))  # the groups
+    params = jax.vmap(jax.vmap(lambda k: init_params(model, k)))(keys)
+    args = (params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(rows), jax.random.fold_in(keys[0, 0], 1))
     if devices is not None and len(devices) > 1:
         mesh = Mesh(np.asarray(devices), ("models",))
-        per_model, shared = NamedSharding(mesh, PartitionSpec("models")), NamedSharding(mesh, PartitionSpec())
-        args = (*jax.device_put(args[:4], per_model), jax.device_put(args[4], shared))
+        per_model, shared = NamedSharding(mesh, PartitionSpec(None, "models")), NamedSharding(mesh, PartitionSpec())
+        args = (jax.device_put(args[0], per_model), *jax.device_put(args[1:3], shared),
+                jax.device_put(args[3], per_model), jax.device_put(args[4], shared))
     return jax.jit(fit_many).lower(*args).compile(), args
 
 
 def predict_many(model, params, x) -> np.ndarray:
-    """Each model's predictions on its own rows: params stacked on the model axis, x (models, rows, features)."""
+    """Each model's predictions on its own inputs: params stacked (groups, models, ...), x (groups, models, H, F)."""
     one = lambda p, xm: model.stateless_call(p, [], xm)[0]  # noqa: E731
-    return np.asarray(jax.jit(jax.vmap(one))(params, jnp.asarray(x)))
+    return np.asarray(jax.jit(jax.vmap(jax.vmap(one)))(params, jnp.asarray(x)))

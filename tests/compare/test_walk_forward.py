@@ -18,31 +18,43 @@ def windows(panel):
 def test_windows_expand_and_never_look_ahead(windows, panel):
     design = data.har_features(panel, "indice")
     first_test = int((design.index < pd.Timestamp(data.DEFAULT_SPLIT)).sum())
-    rows = windows.mask.sum(axis=1)[windows.assets == "indice"]
+    i = list(windows.assets).index("indice")
+    rows = windows.rows[i][windows.live[i]]
     assert rows[0] == first_test and np.all(np.diff(rows) == wf.REFIT_EVERY)
-    for m in range(windows.n_models):
-        assert windows.dates_next[m][windows.next_mask[m]].min() == windows.refit_dates[m]
-    # the last training row of each model is the day before its first forecast day
-    m = 5
-    last_train = design.index[int(windows.mask[m].sum()) - 1]
-    assert last_train < windows.refit_dates[m]
+    for a, r in np.argwhere(windows.live):
+        forecast_days = windows.dates_next[a, r][windows.next_mask[a, r]]
+        assert forecast_days.min() == windows.refit_dates[a, r]
+        assert windows.dates[a, windows.rows[a, r] - 1] < forecast_days.min()  # the last training day comes before
+
+
+def test_model_inputs_are_scaled_with_the_first_training_window_only(windows):
+    inputs = windows.model_inputs()
+    first = windows.rows[0, 0]
+    np.testing.assert_allclose(inputs["x"][0, :first].mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(inputs["x"][0, :first].std(0), 1, atol=1e-5)
+    later = windows.x.copy()
+    later[:, first:] += 100.0  # whatever comes after the training period changes nothing in it
+    changed = wf.Windows(windows.assets, later, windows.y, windows.dates, windows.length, windows.rows)
+    np.testing.assert_array_equal(changed.model_inputs()["x"][:, :first], inputs["x"][:, :first])
 
 
 def test_ols_walk_forward_equals_a_direct_lstsq_per_window(windows):
     got = wf.ols_forecasts(windows)
-    for m in (0, 40, windows.n_models - 1):
-        n = int(windows.mask[m].sum())
-        design = np.column_stack([np.ones(n), windows.raw_x[m, :n]])
-        coef, *_ = np.linalg.lstsq(design, windows.raw_y[m, :n], rcond=None)
-        live = windows.next_mask[m]
-        want = np.column_stack([np.ones(live.sum()), windows.raw_x_next[m, live]]) @ coef
-        np.testing.assert_allclose(got[m, live], want, rtol=1e-9)
+    for a, r in ((0, 0), (0, 40), (1, windows.live[1].sum() - 1)):
+        n = windows.rows[a, r]
+        design = np.column_stack([np.ones(n), windows.x[a, :n]])
+        coef, *_ = np.linalg.lstsq(design, windows.y[a, :n], rcond=None)
+        live = windows.next_mask[a, r]
+        want = np.column_stack([np.ones(live.sum()), windows.x_next[a, r, live]]) @ coef
+        np.testing.assert_allclose(got[a, r, live], want, rtol=1e-9)
+        np.testing.assert_array_equal(windows.y_next[a, r, live], windows.y[a, n: n + live.sum()])
 
 
 def test_sharded_equals_unsharded_and_both_engines_track_ols(windows, tmp_path):
     result = wf.run(windows, TrainConfig(), tmp_path, devices=2, fit_refits=0)
     one, two = result["forecasts"]["jax-vmap-1dev"], result["forecasts"]["jax-vmap-2dev"]
     np.testing.assert_allclose(one[windows.next_mask], two[windows.next_mask], atol=SHARDED_ATOL, rtol=0)
+    assert np.isfinite(one[windows.next_mask]).all()
     assert result["timing"]["jax-vmap-2dev"]["devices"] == 2
     ols = wf.oos_mse(windows, wf.ols_forecasts(windows))
     for name in ("jax-vmap-1dev", "torch-vmap"):  # 40 epochs of Adam per window reach OLS's accuracy
@@ -68,3 +80,13 @@ def test_walk_forward_command(tmp_path, capsys):
 def test_walk_forward_rejects_an_unknown_asset(tmp_path, capsys):
     assert cli.main(["walk-forward", "--assets", "bitcoin", "--out", str(tmp_path / "run")]) == 2
     assert "unknown asset 'bitcoin'" in capsys.readouterr().err
+
+
+def test_an_asset_with_fewer_refits_is_padded_and_left_out(panel):
+    short = panel[(panel["activo"] != "oro") | (panel["fecha"] < pd.Timestamp("2024-06-01"))]
+    w = wf.build_windows(short, ["indice", "oro"], data.DEFAULT_SPLIT, None)
+    assert w.live[0].all() and not w.live[1].all() and w.live[1].sum() < w.live[0].sum()
+    assert w.n_models == w.live.sum() and not w.next_mask[1][~w.live[1]].any()
+    assert w.dates_next[1][w.next_mask[1]].max() < np.datetime64("2024-06-01")
+    ols = wf.ols_forecasts(w)
+    assert np.isfinite(ols[w.next_mask]).all() and all(np.isfinite(v) for v in wf.oos_mse(w, ols).values())

@@ -8,44 +8,70 @@ from keras_side.config import TrainConfig
 from native import jax_many
 
 
-def test_valid_first_is_a_stable_partition():
-    perm = jnp.array([5, 0, 3, 1, 4, 2])
-    mask = jnp.array([1, 1, 0, 1, 0, 0], jnp.float32)  # rows 0, 1, 3 are valid
-    assert jax_many.valid_first(perm, mask).tolist() == [0, 3, 1, 5, 4, 2]
-
-
-def problem(models_count=6, rows=400, seed=0):
+def problem(groups=2, models_per_group=3, n=400, seed=0):
+    """Groups of models sharing x and y, each model on its own expanding window (a prefix of the rows)."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(models_count, rows, 3)).astype(np.float32)
-    y = (x @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(models_count, rows, 1))).astype(np.float32)
-    lengths = rng.integers(100, rows, size=models_count)
-    mask = (np.arange(rows)[None] < lengths[:, None]).astype(np.float32)
-    return x, y * mask[..., None], mask
+    x = rng.normal(size=(groups, n, 3)).astype(np.float32)
+    y = (x @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(groups, n, 1))).astype(np.float32)
+    rows = rng.integers(100, n + 1, size=(groups, models_per_group)).astype(np.int32)
+    keys = jax.random.split(jax.random.key(seed), groups * models_per_group).reshape(groups, models_per_group)
+    return x, y, rows, keys
+
+
+def test_an_epoch_sees_every_row_once():
+    x = jnp.arange(10, dtype=jnp.float32)[:, None] * jnp.ones((1, 3))
+    xb, yb, index = jax_many.epoch_batches(jax.random.key(3), x, x[:, :1], batch_size=4)
+    assert xb.shape == (3, 4, 3) and index.shape == (3, 4)
+    assert sorted(index.ravel().tolist()) == list(range(10)) + [10, 10]  # two padding positions, index N
+    np.testing.assert_array_equal(np.asarray(xb[..., 0]), np.where(index < 10, index, 0))
 
 
 def test_every_vmapped_model_equals_the_model_trained_alone():
-    x, y, mask = problem()
-    cfg = TrainConfig(epochs=4)
-    model = models.har()
-    keys = jax.random.split(jax.random.key(0), len(x))
-    compiled, args = jax_many.train_many(model, x, y, mask, keys, cfg)
+    x, y, rows, keys = problem()
+    cfg, model = TrainConfig(epochs=4), models.har()
+    compiled, args = jax_many.train_many(model, x, y, rows, keys, cfg)
     together = compiled(*args)
-    fit_one = jax.jit(jax_many.make_fit_one(model, cfg, x.shape[1]))
-    for m in range(len(x)):
-        start = [p[m] for p in args[0]]
-        alone = fit_one(start, x[m], y[m], mask[m], args[4])
+    fit_one = jax.jit(jax_many.make_fit_one(model, cfg))
+    for g, m in np.ndindex(rows.shape):
+        start = [p[g, m] for p in args[0]]
+        alone = fit_one(start, x[g], y[g], rows[g, m], args[4])
         for a, t in zip(alone, together, strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(t[m]), atol=VMAP_VS_ALONE_ATOL, rtol=0)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(t[g, m]), atol=VMAP_VS_ALONE_ATOL, rtol=0)
         assert not np.allclose(np.asarray(alone[0]), np.asarray(start[0]))  # it did train
 
 
-def test_padding_rows_change_nothing():
-    """A model's result does not depend on what sits in its masked rows."""
-    x, y, mask = problem(models_count=2)
-    noisy_x = np.where(mask[..., None] > 0, x, 1e3).astype(np.float32)
+def test_rows_outside_a_window_change_nothing():
+    """A model's result does not depend on the rows after its window, nor on an empty window beside it."""
+    x, y, rows, keys = problem(groups=1)
+    rows[0, 1] = 0  # an empty window: no rows, no update
+    noisy = x.copy()
+    noisy[0, rows[0, 0]:] = 1e3
     cfg, model = TrainConfig(epochs=2), models.har()
-    keys = jax.random.split(jax.random.key(1), 2)
-    clean = jax_many.train_many(model, x, y, mask, keys, cfg)
-    noisy = jax_many.train_many(model, noisy_x, y, mask, keys, cfg)
-    for a, b in zip(clean[0](*clean[1]), noisy[0](*noisy[1]), strict=True):
+    clean = jax_many.train_many(model, x, y, rows, keys, cfg)
+    dirty = jax_many.train_many(model, noisy, y, rows, keys, cfg)
+    clean_params, dirty_params = clean[0](*clean[1]), dirty[0](*dirty[1])
+    for a, b in zip(clean_params, dirty_params, strict=True):
+        np.testing.assert_array_equal(np.asarray(a)[0, 0], np.asarray(b)[0, 0])
+    for start, end in zip(clean[1][0], clean_params, strict=True):
+        np.testing.assert_array_equal(np.asarray(start)[0, 1], np.asarray(end)[0, 1])
+
+
+def test_sharded_over_two_devices_equals_one_device():
+    assert len(jax.devices()) >= 2, "tests/native/conftest.py asks XLA for two host devices"
+    x, y, rows, keys = problem(models_per_group=4)
+    cfg, model = TrainConfig(epochs=2), models.har()
+    one = jax_many.train_many(model, x, y, rows, keys, cfg)
+    two = jax_many.train_many(model, x, y, rows, keys, cfg, devices=jax.devices()[:2])
+    assert len(two[1][0][0].sharding.device_set) == 2
+    for a, b in zip(one[0](*one[1]), two[0](*two[1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_predict_many_is_each_models_own_forward():
+    x, y, rows, keys = problem()
+    compiled, args = jax_many.train_many(models.har(), x, y, rows, keys, TrainConfig(epochs=1))
+    params = compiled(*args)
+    x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
+    got = jax_many.predict_many(models.har(), params, x_next)
+    kernel, bias = (np.asarray(p) for p in params)
+    np.testing.assert_allclose(got, x_next @ kernel + bias[:, :, None], atol=1e-5, rtol=0)

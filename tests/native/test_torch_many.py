@@ -7,25 +7,42 @@ from keras_side.config import TrainConfig
 from native import torch_many
 
 
-def test_valid_first_is_a_stable_partition():
-    perm = torch.tensor([5, 0, 3, 1, 4, 2])
-    mask = torch.tensor([[1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.float32)
-    assert torch_many.valid_first(perm, mask).tolist() == [[0, 3, 1, 5, 4, 2], [5, 0, 3, 1, 4, 2]]
+def problem(groups=2, models_per_group=3, n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(groups, n, 3)).astype(np.float32)
+    y = (x @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(groups, n, 1))).astype(np.float32)
+    rows = rng.integers(40, n + 1, size=(groups, models_per_group))
+    return x, y, rows
 
 
-def test_a_model_that_never_runs_out_of_rows_trains_as_if_alone():
-    """Stacked weights, the sum of per-model losses and elementwise Adam: the full-window model's trajectory
-    is its own, whatever the other models do."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(3, 300, 3)).astype(np.float32)
-    y = (x @ rng.normal(size=(3, 1))).astype(np.float32)
-    mask = np.ones((3, 300), np.float32)
-    mask[1, 150:] = mask[2, 40:] = 0
+def test_every_batched_model_equals_the_model_trained_alone():
+    """Stacked weights, the sum of per-model losses, elementwise Adam, and every model stepping on every batch:
+    each model's trajectory is its own."""
+    x, y, rows = problem()
     cfg, model = TrainConfig(epochs=3), models.har()
-    together = torch_many.train_many(model, x, y, mask, cfg)
-    # Alone: the same generator draws (init for 3 models, then the shared permutations), only model 0 kept.
-    full = torch_many.train_many(model, x[[0, 0, 0]], y[[0, 0, 0]], mask[[0, 0, 0]], cfg)
-    for t, a in zip(together, full, strict=True):
-        np.testing.assert_allclose(t[0], a[0], atol=VMAP_VS_ALONE_ATOL, rtol=0)
-    pred = torch_many.predict_many(model, together, x[:, :5])
-    np.testing.assert_allclose(pred[0], x[0, :5] @ together[0][0] + together[1][0], atol=1e-5, rtol=0)
+    start = [p.detach().numpy() for p in torch_many.init_params(model, rows.shape, torch.Generator().manual_seed(1))]
+    together = torch_many.train_many(model, x, y, rows, cfg, params=start)
+    for g, m in np.ndindex(rows.shape):
+        alone = torch_many.train_many(model, x[g:g + 1], y[g:g + 1], rows[g:g + 1, m:m + 1], cfg,
+                                      params=[p[g:g + 1, m:m + 1] for p in start])
+        for t, a in zip(together, alone, strict=True):
+            np.testing.assert_allclose(t[g, m], a[0, 0], atol=VMAP_VS_ALONE_ATOL, rtol=0)
+        assert not np.allclose(together[0][g, m], start[0][g, m])  # it did train
+
+
+def test_an_empty_window_stays_where_it_started():
+    x, y, rows = problem(groups=1)
+    rows[0, 2] = 0
+    cfg, model = TrainConfig(epochs=2), models.har()
+    start = [p.detach().numpy() for p in torch_many.init_params(model, rows.shape, torch.Generator().manual_seed(0))]
+    end = torch_many.train_many(model, x, y, rows, cfg, params=start)
+    for s, e in zip(start, end, strict=True):
+        np.testing.assert_array_equal(s[0, 2], e[0, 2])
+
+
+def test_predict_many_is_each_models_own_forward():
+    x, y, rows = problem()
+    params = torch_many.train_many(models.har(), x, y, rows, TrainConfig(epochs=1))
+    x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
+    got = torch_many.predict_many(models.har(), params, x_next)
+    np.testing.assert_allclose(got, x_next @ params[0] + params[1][:, :, None], atol=1e-5, rtol=0)
