@@ -32,6 +32,7 @@ PATHS = {
     for p in (Path(f"keras-{engine}", engine, "keras_side.fit"), Path(f"{engine}-native", engine, LOOP_MODULES[engine]))
 }
 PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax_loop", {"driver": "scan"})
+PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch_loop", {"compile": True})
 
 
 def get(name: str) -> Path:

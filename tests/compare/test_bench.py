@@ -8,11 +8,12 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert set(report["paths"]) == {"keras-torch", "torch-native", "keras-jax", "jax-native", "jax-native-scan",
-                                    "numpy-floor"}
+    assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "keras-jax", "jax-native",
+                                    "jax-native-scan", "numpy-floor"}
     for row in report["paths"].values():
         assert row["median_ms"] > 0 and 0 < row["min_ms"] <= row["median_ms"] and row["ratio_vs_numpy"] > 0
     assert report["paths"]["jax-native-scan"]["compile_ms"] > 0 and report["paths"]["keras-jax"]["ratio_vs_fit"] == 1
+    assert report["paths"]["torch-native-compile"]["compile_ms"] > 0
     assert report["steps"] == 2 * 20 and report["machine"]["versions"]["keras"] == "3.15.1"
     walk = report["walk_forward"]
     assert walk["jax-vmap-1dev"]["models"] == walk["jax-vmap-2dev"]["models"] > 500

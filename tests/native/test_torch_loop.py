@@ -5,10 +5,12 @@ import sys
 import numpy as np
 import torch
 
-from compare.tolerances import PORTABLE_ATOL
+from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import models
+from keras_side.config import TrainConfig
 from keras_side.determinism import seed_everything
 from native import torch_host, torch_loop
+from tests.native.loops import flat
 
 
 def test_keras_model_is_a_torch_module_with_its_weights_as_parameters():
@@ -33,9 +35,24 @@ def test_functional_call_trap_gives_zero_gradients(har):
     assert all(np.all(g != 0) for g in ours)
 
 
+def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
+    cfg = TrainConfig(epochs=3)
+    results = []
+    for compile in (False, True):
+        seed_everything(0)
+        results.append(torch_loop.train(models.har(), har, cfg, compile=compile))
+    eager, compiled = results
+    assert compiled.path == "torch-native-compile" and eager.compile_seconds is None
+    assert compiled.compile_seconds > 0 and compiled.train_seconds > 0
+    np.testing.assert_allclose(flat(compiled.weights), flat(eager.weights), atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+    np.testing.assert_allclose(compiled.train_loss, eager.train_loss, rtol=1e-5)
+    assert not np.allclose(flat(compiled.weights), 0)
+
+
 PREDICT_ON_JAX = """
 import sys, numpy as np
 from keras_side import models
+from keras_side.config import TrainConfig
 model = models.har()
 model.load_weights(sys.argv[1])
 np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))
