@@ -13,6 +13,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,9 @@ WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker tha
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
 JOBS = 3
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# A worker that sends nothing for this long is stopped and its engine fails, so a hung engine or `build_model`
+# cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward).
+QUIET_LIMIT_S = 600.0
 
 
 class Worker:
@@ -100,10 +104,12 @@ class Pool:
     later requests go only to the others.
     """
 
-    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None):
+    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None,
+                 quiet_limit: float | None = None):
         missing = {e: f"{e} is not installed; `make setup` installs every engine"
                    for e in engines if not engine_installed(e)}
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
+        self.quiet_limit = QUIET_LIMIT_S if quiet_limit is None else quiet_limit
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
 
@@ -118,10 +124,12 @@ class Pool:
         when `fail_engines` (a compare run); one whose process died always does."""
         events: queue.Queue = queue.Queue()
         gate = threading.Semaphore(self.jobs)
+        heard: dict[str, float] = {}  # engine -> when its request started or last sent an event
 
         def drive(engine: str):
             try:
                 with gate:
+                    heard[engine] = time.monotonic()
                     for event in self.workers[engine].ask(cmd, request_for(engine)):
                         events.put((engine, event))
             except Exception as err:  # a runner bug must not hang the run: it fails this engine
@@ -133,18 +141,35 @@ class Pool:
         threads = [threading.Thread(target=drive, args=(e,), daemon=True) for e in targets]
         for t in threads:
             t.start()
-        errors, running = {}, len(threads)
+        errors, running, stopped = {}, set(targets), set()
         while running:
-            engine, event = events.get()
+            try:
+                engine, event = events.get(timeout=min(1.0, self.quiet_limit))
+                heard[engine] = time.monotonic()
+            except queue.Empty:
+                engine = event = None
+            stopped |= self._stop_quiet(running - stopped, heard)  # checked on every pass: others may be chatty
+            if engine is None:
+                continue
             if event is None:
-                running -= 1
+                running.discard(engine)
             elif event["event"] == "error":
+                if engine in stopped:
+                    event["message"] = (f"the {engine} worker sent nothing for {self.quiet_limit:.0f} s and was "
+                                        "stopped; look for a hang in the engine or in your build_model")
                 errors[engine] = event["message"]
                 if fail_engines or self.workers[engine].proc.poll() is not None:
                     self.failed[engine] = event["message"]
             else:
                 on_event(engine, event)
         return errors
+
+    def _stop_quiet(self, engines: set[str], heard: dict[str, float]) -> set[str]:
+        """Kill the workers among `engines` that have been silent past the limit; their requests then end."""
+        quiet = {e for e in engines if e in heard and time.monotonic() - heard[e] > self.quiet_limit}
+        for engine in quiet:
+            self.workers[engine].proc.kill()
+        return quiet
 
     def close(self) -> None:
         for worker in self.workers.values():  # all at once: each takes a moment to exit

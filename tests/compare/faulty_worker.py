@@ -1,6 +1,7 @@
 """Test seams for the runner: workers that misbehave on purpose. Never reachable from a user's flag."""
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -23,4 +24,6 @@ if __name__ == "__main__":
         sys.exit(1)
     if sys.argv[1:] == ["wrong-gradients"]:
         worker.HANDLERS["gradients"] = wrong_gradients
+    if sys.argv[1:] == ["hang-on-jax"] and worker.ENGINE == "jax":
+        worker.HANDLERS["gradients"] = lambda request, send: time.sleep(3600)  # a build_model that never returns
     worker.main()

@@ -76,6 +76,19 @@ def test_a_missing_engine_is_reported_and_the_rest_checked(tmp_path, monkeypatch
     assert report["checks"] and all(c["passed"] for c in report["checks"])
 
 
+def test_a_silent_worker_is_stopped_and_the_rest_checked(tmp_path, monkeypatch):
+    """A hung engine or build_model cannot hang the run: the silent worker is killed and reported."""
+    monkeypatch.setattr(runner, "QUIET_LIMIT_S", 8.0)  # beyond a worker's start-up on a busy 2-core machine
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "hang-on-jax"))
+    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    reasons = {i["engine"]: i["reason"] for i in report["incomplete"]}
+    assert code == 3 and list(reasons) == ["jax"]
+    assert "sent nothing for 8 s and was stopped" in reasons["jax"]
+    checks = {c["name"]: c["passed"] for c in report["checks"]}
+    assert checks["gradient_formula/torch"] and not any(name.endswith("/jax") for name in checks)
+
+
 def test_unknown_engine_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["compare", "--engines", "jax,mxnet", "--out", str(tmp_path / "run")]) == 2
     assert "unknown engine(s) mxnet" in capsys.readouterr().err
