@@ -25,6 +25,7 @@ from keras_side.determinism import seed_everything
 from keras_side.precision import float64
 
 ENGINE = keras.config.backend()
+WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median
 
 
 def train_paths(request: dict, send) -> dict:
@@ -139,9 +140,6 @@ def walk_forward(request: dict, send) -> dict:
     return {"timings": timings, "fit_seconds": fit_seconds}
 
 
-WALK_FORWARD_REPEATS = 3
-
-
 def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
     """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}."""
     import jax
@@ -161,7 +159,7 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
                                              devices=jax.devices()[:count])
         compile_seconds = time.perf_counter() - start
         seconds = []
-        for _ in range(WALK_FORWARD_REPEATS):  # a fraction of a second each: the median of a few is cheap
+        for _ in range(WALK_FORWARD_REPEATS):
             start = time.perf_counter()
             params = jax.block_until_ready(compiled(*args))
             seconds.append(time.perf_counter() - start)

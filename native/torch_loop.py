@@ -7,7 +7,7 @@ Do not reach for `torch.func.functional_call`: on a Keras model it silently trai
 
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop with the batch loss, the model's
 forward and the MSE, through `torch.compile`: one graph, no Keras Python per step, and a backward graph from
-AOTAutograd. It pays a one-off compile (seconds, reported apart) for a step about 1.6 times faster.
+AOTAutograd. It pays a one-off compile (seconds, reported apart) for a step about 1.5 times faster.
 """
 from __future__ import annotations
 
