@@ -47,6 +47,16 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
+def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> TrainConfig:
+    """The run's one config, from --epochs and --seed; values no engine accepts are the user's to fix."""
+    epochs = args.epochs if epochs is None else epochs
+    if epochs < 1:
+        raise NativeLoopsError(f"--epochs must be at least 1, got {epochs}")
+    if args.seed < 0:
+        raise NativeLoopsError(f"--seed must be a non-negative integer, got {args.seed}")
+    return TrainConfig(epochs=epochs, seed=args.seed)
+
+
 def train(args: argparse.Namespace) -> int:
     path = paths.get(args.path)
     panel, source = load(args)
@@ -56,7 +66,7 @@ def train(args: argparse.Namespace) -> int:
     from keras_side import models as builders
     from keras_side.determinism import seed_everything
 
-    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    cfg = train_config(args)
     seed_everything(cfg.seed)
     result = path.train(builders.har(), prepared, cfg)
     report.print_paths_table(fit, {result.path: result}, prepared)
@@ -87,7 +97,7 @@ def compare(args: argparse.Namespace) -> int:
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
     ols = reference.ols_for(panel, args.asset, args.split, args.end)
-    cfg = TrainConfig(epochs=QUICK_EPOCHS if args.quick else args.epochs, seed=args.seed)
+    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
@@ -115,7 +125,7 @@ def bench(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
-    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    cfg = train_config(args)
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
@@ -139,9 +149,11 @@ def walk_forward(args: argparse.Namespace) -> int:
         har_data.har_features(panel, asset)  # an unknown asset stops here, with the list of known ones
     if args.devices < 1:
         raise NativeLoopsError(f"--devices must be at least 1, got {args.devices}")
+    if args.fit_refits < 0:
+        raise NativeLoopsError(f"--fit-refits must be 0 or more, got {args.fit_refits}")
     shown = args.asset if args.asset in assets else assets[0]
     windows = walk.build_windows(panel, assets, args.split, args.end)
-    cfg = TrainConfig(epochs=args.epochs, seed=args.seed)
+    cfg = train_config(args)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]

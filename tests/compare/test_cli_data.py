@@ -57,6 +57,25 @@ def test_bad_input_compare(files, tmp_path, capsys, args, message):
     assert list(tmp_path.iterdir()) == []
 
 
+TRAINING_CASES = [
+    (["compare", "--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["train", "--path", "jax-native", "--epochs", "-2"], "--epochs must be at least 1, got -2"),
+    (["bench", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["walk-forward", "--epochs", "0"], "--epochs must be at least 1"),
+    (["walk-forward", "--fit-refits", "-1"], "--fit-refits must be 0 or more, got -1"),
+    (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("args, message", TRAINING_CASES, ids=[" ".join(c[0][:2]) for c in TRAINING_CASES])
+def test_bad_training_options(tmp_path, capsys, args, message):
+    out = ["--out", str(tmp_path / "run")] if args[0] in ("compare", "walk-forward") else []
+    code = cli.main([*args, *out])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_input_data_command(files, tmp_path, capsys):
     code = cli.main(["data", "--data", files["good"], "--out", str(tmp_path / "x.parquet")])
     assert code == 2 and "cannot be combined with --data" in capsys.readouterr().err
