@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256s
 # Our processes never read the user's ~/.keras/keras.json (it may name an engine that is not installed).
 export KERAS_HOME := $(CURDIR)/.keras_home
 
-.PHONY: setup compare test clean
+.PHONY: setup compare bench walk-forward test clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): constraints.txt pyproject.toml
 
 compare: $(STAMP)
 	$(BIN)/native-loops compare
+
+bench: $(STAMP)
+	$(BIN)/native-loops bench
+
+walk-forward: $(STAMP)
+	$(BIN)/native-loops walk-forward
 
 # Engine-free tests once, then the engine tests in one pytest process per engine (the backend is fixed at
 # the first `import keras`). pytest exits 5 when it collects nothing, which fails the target.

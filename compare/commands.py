@@ -58,7 +58,7 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
 
 
 def train(args: argparse.Namespace) -> int:
-    path = paths.get(args.path)
+    path, cfg = paths.get(args.path), train_config(args)
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
     fit = reference.ols_for(panel, args.asset, args.split, args.end)
@@ -66,7 +66,6 @@ def train(args: argparse.Namespace) -> int:
     from keras_side import models as builders
     from keras_side.determinism import seed_everything
 
-    cfg = train_config(args)
     seed_everything(cfg.seed)
     result = path.train(builders.har(), prepared, cfg)
     report.print_paths_table(fit, {result.path: result}, prepared)
@@ -94,10 +93,10 @@ def parse_engines(text: str) -> list[str]:
 def compare(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed on every engine, 1 when a check failed, 3 when an engine is missing."""
     engines = parse_engines(args.engines)
+    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None)
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
     ols = reference.ols_for(panel, args.asset, args.split, args.end)
-    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
@@ -123,9 +122,9 @@ def bench(args: argparse.Namespace) -> int:
     engines = parse_engines(args.engines)
     if args.repeats < 1:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
+    cfg = train_config(args)
     panel, source = load(args)
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
-    cfg = train_config(args)
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
@@ -142,6 +141,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def walk_forward(args: argparse.Namespace) -> int:
+    cfg = train_config(args)
     panel, source = load(args)
     known = sorted(panel["activo"].unique())
     assets = [a.strip() for a in args.assets.split(",")] if args.assets else known
@@ -153,7 +153,6 @@ def walk_forward(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--fit-refits must be 0 or more, got {args.fit_refits}")
     shown = args.asset if args.asset in assets else assets[0]
     windows = walk.build_windows(panel, assets, args.split, args.end)
-    cfg = train_config(args)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]
