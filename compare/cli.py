@@ -15,10 +15,11 @@ from keras_side.backend import BackendError
 from keras_side.config import ENGINES, TrainConfig
 
 
-def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model") -> None:
+def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model (default: %(default)s)",
+                  asset_default: str | None = har_data.DEFAULT_ASSET) -> None:
     p.add_argument("--data", metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, rv_5min); "
                    "default: the embedded synthetic panel")
-    p.add_argument("--asset", default=har_data.DEFAULT_ASSET, help=asset_help + " (default: %(default)s)")
+    p.add_argument("--asset", default=asset_default, help=asset_help)
     p.add_argument("--split", default=har_data.DEFAULT_SPLIT, help="first test day (default: %(default)s)")
     p.add_argument("--end", default=None, help="last test day (default: the last day of the data)")
 
@@ -62,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
 
     p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")
-    _data_options(p, asset_help="asset whose forecasts forecasts.png shows")
+    _data_options(p, asset_help="asset whose forecasts forecasts.png shows (default: the first of --assets)",
+                  asset_default=None)
     _train_options(p)
     p.add_argument("--assets", default=None, help="comma-separated assets (default: all)")
     p.add_argument("--devices", type=int, default=2, help="also shard the models over this many devices (on CPU: "

@@ -151,7 +151,10 @@ def walk_forward(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--devices must be at least 1, got {args.devices}")
     if args.fit_refits < 0:
         raise NativeLoopsError(f"--fit-refits must be 0 or more, got {args.fit_refits}")
-    shown = args.asset if args.asset in assets else assets[0]
+    if args.asset is not None and args.asset not in assets:
+        raise NativeLoopsError(f"--asset {args.asset!r} is not among the walk-forward's assets "
+                               f"({', '.join(assets)}); pick one of them, or add it to --assets")
+    shown = args.asset or assets[0]
     windows = walk.build_windows(panel, assets, args.split, args.end)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:

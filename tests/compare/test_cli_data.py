@@ -64,10 +64,11 @@ TRAINING_CASES = [
     (["walk-forward", "--epochs", "0"], "--epochs must be at least 1"),
     (["walk-forward", "--fit-refits", "-1"], "--fit-refits must be 0 or more, got -1"),
     (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
+    (["walk-forward", "--assets", "bono", "--asset", "oro"], "--asset 'oro' is not among the walk-forward's assets"),
 ]
 
 
-@pytest.mark.parametrize("args, message", TRAINING_CASES, ids=[" ".join(c[0][:2]) for c in TRAINING_CASES])
+@pytest.mark.parametrize("args, message", TRAINING_CASES, ids=[" ".join(c[0]) for c in TRAINING_CASES])
 def test_bad_training_options(tmp_path, capsys, args, message):
     out = ["--out", str(tmp_path / "run")] if args[0] in ("compare", "walk-forward") else []
     code = cli.main([*args, *out])
