@@ -165,8 +165,11 @@ def walk_forward(args: argparse.Namespace) -> int:
             name: f for name, f in result["forecasts"].items() if name not in sharded}  # sharded = 1 device
         mse = {name: walk.oos_mse(windows, f) for name, f in forecasts.items()}
         report.print_walk_forward(mse, result["timing"], windows)
+        for note in result["notes"]:
+            report.console().print(note)
         summary = {"config": dataclasses.asdict(cfg), "seed": cfg.seed, "versions": versions(), "source": source,
-                   "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"]}
+                   "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"],
+                   "notes": result["notes"]}
         write_json(tmp / "walk_forward.json", summary)
         figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
     report.console().print(f"report: {out}/walk_forward.json, forecasts.png")

@@ -55,7 +55,7 @@ def test_sharded_equals_unsharded_and_both_engines_track_ols(windows, tmp_path):
     one, two = result["forecasts"]["jax-vmap-1dev"], result["forecasts"]["jax-vmap-2dev"]
     np.testing.assert_allclose(one[windows.next_mask], two[windows.next_mask], atol=SHARDED_ATOL, rtol=0)
     assert np.isfinite(one[windows.next_mask]).all()
-    assert result["timing"]["jax-vmap-2dev"]["devices"] == 2
+    assert result["timing"]["jax-vmap-2dev"]["devices"] == 2 and result["notes"] == []
     ols = wf.oos_mse(windows, wf.ols_forecasts(windows))
     for name in ("jax-vmap-1dev", "torch-vmap"):  # 40 epochs of Adam per window reach OLS's accuracy
         got = wf.oos_mse(windows, result["forecasts"][name])
@@ -90,3 +90,11 @@ def test_an_asset_with_fewer_refits_is_padded_and_left_out(panel):
     assert w.dates_next[1][w.next_mask[1]].max() < np.datetime64("2024-06-01")
     ols = wf.ols_forecasts(w)
     assert np.isfinite(ols[w.next_mask]).all() and all(np.isfinite(v) for v in wf.oos_mse(w, ols).values())
+
+
+def test_a_sharded_run_without_its_devices_is_skipped_and_said(panel, tmp_path, monkeypatch):
+    monkeypatch.setattr(wf, "host_devices_flag", lambda count: "--xla_force_host_platform_device_count=1")
+    w = wf.build_windows(panel, ["bono"], data.DEFAULT_SPLIT, None)
+    result = wf.run(w, TrainConfig(epochs=1), tmp_path, engines=("jax",), devices=2, fit_refits=0)
+    assert set(result["timing"]) == {"jax-vmap-1dev"}
+    assert result["notes"] == ["fewer than 2 JAX devices here: the run sharded over 2 was skipped"]
