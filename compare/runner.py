@@ -104,12 +104,11 @@ class Pool:
     later requests go only to the others.
     """
 
-    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None,
-                 quiet_limit: float | None = None):
+    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None):
         missing = {e: f"{e} is not installed; `make setup` installs every engine"
                    for e in engines if not engine_installed(e)}
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
-        self.quiet_limit = QUIET_LIMIT_S if quiet_limit is None else quiet_limit
+        self.quiet_limit = QUIET_LIMIT_S  # read here, so a test can shorten it
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
 
