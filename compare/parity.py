@@ -19,6 +19,7 @@ import numpy as np
 
 from compare import runner, tolerances
 from compare.errors import NativeLoopsError
+from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
 from keras_side.precision import TRUE_FLOAT64
 
@@ -88,7 +89,7 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         ParityError: the comparison could not run.
     """
     request = {"build": callable_spec(build_model), "loss": loss_spec(loss), "training": training}
-    wanted = list(engines or [e for e in ENGINES if runner.engine_installed(e)])
+    wanted = list(engines or installed_engines())
     unknown = [e for e in wanted if e not in ENGINES]
     if unknown:
         raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")

@@ -13,7 +13,7 @@ import functools
 import pytest
 
 from compare import parity, runner
-from keras_side.config import ENGINES
+from keras_side.backend import installed_engines
 
 
 def pytest_addoption(parser):
@@ -32,8 +32,7 @@ def grad_parity_pool(tmp_path_factory):
 
     def get() -> runner.Pool:
         if not pools:
-            installed = [e for e in ENGINES if runner.engine_installed(e)]
-            pools.append(runner.Pool(installed, tmp_path_factory.mktemp("grad-parity")))
+            pools.append(runner.Pool(installed_engines(), tmp_path_factory.mktemp("grad-parity")))
         return pools[0]
 
     yield get

@@ -68,6 +68,11 @@ def engine_installed(name: str) -> bool:
     return importlib.util.find_spec(ENGINE_PACKAGES[name]) is not None
 
 
+def installed_engines() -> list[str]:
+    """Every engine that can run here, in `ENGINES` order."""
+    return [e for e in ENGINES if engine_installed(e)]
+
+
 def own_keras_home() -> Path:
     """A Keras config folder of ours, so that a stray `~/.keras/keras.json` never picks the engine."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
