@@ -7,6 +7,7 @@ asset, and forecast the sessions until the next refit. One model per (asset, ref
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,12 @@ class Windows:
     def n_models(self) -> int:
         return int(self.live.sum())
 
-    @property
+    @cached_property
     def next_index(self) -> np.ndarray:
         """(A, R, H) the row each refit forecasts at horizon h (valid where `next_mask`)."""
         return self.rows[..., None] + np.arange(self.every)
 
-    @property
+    @cached_property
     def next_mask(self) -> np.ndarray:
         return self.live[..., None] & (self.next_index < self.length[:, None, None])
 
@@ -58,15 +59,15 @@ class Windows:
         index = np.minimum(self.next_index, self.x.shape[1] - 1)
         return values[np.arange(len(self.assets))[:, None, None], index]
 
-    @property
+    @cached_property
     def x_next(self) -> np.ndarray:
         return self._next(self.x)
 
-    @property
+    @cached_property
     def y_next(self) -> np.ndarray:
         return np.where(self.next_mask, self._next(self.y), np.nan)
 
-    @property
+    @cached_property
     def dates_next(self) -> np.ndarray:
         return np.where(self.next_mask, self._next(self.dates), np.datetime64("NaT"))
 
