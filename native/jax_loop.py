@@ -25,11 +25,12 @@ def _inputs(x):
 
 
 def make_loss(model, training: bool):
-    """Masked mean squared error: the plain batch MSE over the rows where mask is 1 (optax.l2_loss is half)."""
+    """Masked mean squared error: the plain batch MSE over the rows where mask is 1 (optax.l2_loss is half); zero
+    for a batch with no such row."""
 
     def loss_fn(trainable, non_trainable, x, y, mask):
         pred, non_trainable = model.stateless_call(trainable, non_trainable, _inputs(x), training=training)
-        loss = jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.sum(mask)
+        loss = jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
         return loss, non_trainable
 
     return loss_fn

@@ -24,7 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import TrainConfig
-from native.jax_loop import adam
+from native.jax_loop import adam, make_loss
 
 
 def init_params(model, key) -> list[jax.Array]:
@@ -57,16 +57,12 @@ def make_fit_one(model, cfg: TrainConfig):
     `key` draws the epochs' permutations; share it across models (vmap with `in_axes=None`) and every model sees
     the same batches, so a group's x is gathered once per epoch for all of its models.
     """
-    optimizer = adam(cfg)
-
-    def loss_fn(params, xb, yb, inside):
-        pred, _ = model.stateless_call(params, [], xb)
-        return jnp.sum(inside[:, None] * (pred - yb) ** 2) / jnp.maximum(jnp.sum(inside), 1.0)
+    optimizer, loss_fn = adam(cfg), make_loss(model, training=True)  # the single-model loop's masked MSE
 
     def step(carry, batch, rows):
         params, opt_state = carry
         xb, yb, index = batch
-        grads = jax.grad(loss_fn)(params, xb, yb, (index < rows).astype(xb.dtype))
+        grads, _ = jax.grad(loss_fn, has_aux=True)(params, [], xb, yb, (index < rows).astype(xb.dtype))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), None
 
