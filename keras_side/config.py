@@ -112,6 +112,11 @@ class HarData:
         return len(self.y_test)
 
 
+def keras_inputs(x):
+    """Several inputs travel here as a tuple of arrays; a Keras model takes them as a list."""
+    return list(x) if isinstance(x, tuple) else x
+
+
 def take(x, idx):
     """Rows `idx` of one input array or of each array of a multi-input tuple."""
     return tuple(a[idx] for a in x) if isinstance(x, tuple) else x[idx]

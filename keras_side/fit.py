@@ -9,7 +9,7 @@ import time
 import keras
 import numpy as np
 
-from keras_side.config import HarData, Result, TrainConfig, numpy_orders, take
+from keras_side.config import HarData, Result, TrainConfig, keras_inputs, numpy_orders, take
 
 VALIDATION_BATCH = 8192
 
@@ -27,11 +27,6 @@ class _EpochReport(keras.callbacks.Callback):
         self.progress(epoch + 1, self.epochs)
 
 
-def _inputs(x):
-    """Keras takes several inputs as a list."""
-    return list(x) if isinstance(x, tuple) else x
-
-
 def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     """Adam + MSE through `model.fit`; validation on the test split after every epoch when `cfg.validate`.
 
@@ -39,18 +34,18 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches.
     """
     model.compile(optimizer=adam(cfg), loss="mse")
-    validation = (_inputs(data.x_test), data.y_test) if cfg.validate else None
+    validation = (keras_inputs(data.x_test), data.y_test) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
     # The whole test split in one validation batch: the same mean loss, without 16 small batches per epoch.
     fit_args = dict(batch_size=cfg.batch_size, validation_data=validation, validation_batch_size=VALIDATION_BATCH,
                     verbose=0, callbacks=callbacks)
     start = time.perf_counter()
     if cfg.batch_order == "engine":
-        logs = model.fit(_inputs(data.x_train), data.y_train, epochs=cfg.epochs, shuffle=True, **fit_args).history
+        logs = model.fit(keras_inputs(data.x_train), data.y_train, epochs=cfg.epochs, shuffle=True, **fit_args).history
     else:
         logs = {"loss": [], "val_loss": []}
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
-            one = model.fit(_inputs(take(data.x_train, order)), data.y_train[order], epochs=epoch + 1,
+            one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], epochs=epoch + 1,
                             initial_epoch=epoch, shuffle=False, **fit_args).history
             for key in logs:
                 logs[key] += one.get(key, [])
@@ -62,4 +57,4 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
 
 def predict(model: keras.Model, x) -> np.ndarray:
     """Predictions as a float NumPy array, in inference mode."""
-    return np.asarray(model.predict(_inputs(x), batch_size=4096, verbose=0))
+    return np.asarray(model.predict(keras_inputs(x), batch_size=4096, verbose=0))

@@ -9,6 +9,8 @@ import keras
 import numpy as np
 from keras import layers
 
+from keras_side.config import keras_inputs, take
+
 HAR_INPUTS = 3
 N_ASSETS = 6
 
@@ -96,8 +98,7 @@ BUILDERS = {
 def ensure_built(model: keras.Model, x) -> keras.Model:
     """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built)."""
     if not model.built or not model.weights:
-        first = tuple(a[:1] for a in x) if isinstance(x, tuple) else x[:1]
-        model(first if not isinstance(first, tuple) else list(first))
+        model(keras_inputs(take(x, slice(0, 1))))
     return model
 
 

@@ -16,12 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from keras_side.config import HarData, Result, TrainConfig, numpy_orders, take
+from keras_side.config import HarData, Result, TrainConfig, keras_inputs, numpy_orders, take
 from keras_side.models import ensure_built
-
-
-def _inputs(x):
-    return list(x) if isinstance(x, tuple) else x
 
 
 def make_loss(model, training: bool):
@@ -29,7 +25,7 @@ def make_loss(model, training: bool):
     for a batch with no such row."""
 
     def loss_fn(trainable, non_trainable, x, y, mask):
-        pred, non_trainable = model.stateless_call(trainable, non_trainable, _inputs(x), training=training)
+        pred, non_trainable = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training)
         loss = jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
         return loss, non_trainable
 
@@ -165,7 +161,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     x, y = jax.tree.map(jnp.asarray, x), jnp.asarray(y)
 
     def batch_loss(trainable):
-        pred, _ = model.stateless_call(trainable, non_trainable, _inputs(x), training=training)
+        pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training)
         return jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
 
     return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]
@@ -176,5 +172,5 @@ def predict(model, x) -> np.ndarray:
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-    pred, _ = model.stateless_call(trainable, non_trainable, _inputs(jax.tree.map(jnp.asarray, x)), training=False)
+    pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)), training=False)
     return np.asarray(pred)

@@ -12,13 +12,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from keras_side.config import HarData, Result, TrainConfig, batch_slices, numpy_orders
+from keras_side.config import HarData, Result, TrainConfig, batch_slices, keras_inputs, numpy_orders
 from keras_side.fit import adam
 from keras_side.models import ensure_built
 
 
 def _forward(model, x, training: bool):
-    return model(list(x) if isinstance(x, tuple) else x, training=training)
+    return model(keras_inputs(x), training=training)
 
 
 def mse(y_true, y_pred):

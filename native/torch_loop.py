@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from keras_side.config import HarData, Result, TrainConfig, batch_slices, numpy_orders, take
+from keras_side.config import HarData, Result, TrainConfig, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.models import ensure_built
 
 
@@ -28,7 +28,7 @@ def _tensors(x, device):
 
 
 def _forward(model, x, training: bool):
-    return model(list(x) if isinstance(x, tuple) else x, training=training)
+    return model(keras_inputs(x), training=training)
 
 
 def mse(y_true, y_pred):
