@@ -1,4 +1,5 @@
-"""The two figures of a compare run: validation curves against the OLS line, and the slopes dot plot."""
+"""The figures: a compare run's validation curves against the OLS line and its slopes dot plot, and the
+walk-forward's forecasts of one asset against realized log RV."""
 from __future__ import annotations
 
 from pathlib import Path
