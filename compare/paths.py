@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from compare.errors import NativeLoopsError
 from keras_side.config import ENGINES
 
-LOOP_MODULES = {"torch": "native.torch_loop", "jax": "native.jax_loop", "tensorflow": "native.tf_loop"}
+LOOP_MODULES = {"torch": "native.torch.loop", "jax": "native.jax.loop", "tensorflow": "native.tensorflow.loop"}
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ PATHS = {
     for engine in ENGINES
     for p in (Path(f"keras-{engine}", engine, "keras_side.fit"), Path(f"{engine}-native", engine, LOOP_MODULES[engine]))
 }
-PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax_loop", {"driver": "scan"})
-PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch_loop", {"compile": True})
+PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.loop", {"driver": "scan"})
+PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch.loop", {"compile": True})
 
 
 def get(name: str) -> Path:

@@ -144,7 +144,7 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
     """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}."""
     import jax
 
-    from native import jax_many
+    from native.jax import many as jax_many
 
     model, found = models.har(), {}
     groups, refits = w["rows"].shape
@@ -171,7 +171,7 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
 
 
 def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
-    from native import torch_many
+    from native.torch import many as torch_many
 
     model = models.har()
     start = time.perf_counter()

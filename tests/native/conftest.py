@@ -1,5 +1,6 @@
 import os
 
+from keras_side.config import ENGINES
 from tests.engines import require_backend
 
 ENGINE = require_backend()
@@ -11,10 +12,6 @@ if ENGINE == "jax" and "xla_force_host_platform_device_count" not in os.environ.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={SHARDING_DEVICES}").strip()
 
-# Engine-specific files are collected only in their engine's pytest process (`make test` runs one per engine).
-ENGINE_FILES = {
-    "torch": ["test_torch_loop.py", "test_torch_many.py"],
-    "jax": ["test_jax_loop.py", "test_jax_many.py"],
-    "tensorflow": ["test_tf_loop.py"],
-}
-collect_ignore = [f for engine, files in ENGINE_FILES.items() if engine != ENGINE for f in files]
+# An engine's folder (tests/native/<engine>/, mirroring native/<engine>/) is collected only in that engine's
+# pytest process (`make test` runs one per engine).
+collect_ignore = [engine for engine in ENGINES if engine != ENGINE]

@@ -1,12 +1,10 @@
 """The native loop of this pytest process's engine, and helpers the native tests share."""
-import importlib
-
 import numpy as np
 
+from compare import paths
 from tests.native.conftest import ENGINE
 
-MODULES = {"torch": "native.torch_loop", "jax": "native.jax_loop", "tensorflow": "native.tf_loop"}
-loop = importlib.import_module(MODULES[ENGINE])
+loop = paths.loop(ENGINE)
 
 
 def original_mse(result, data) -> float:

@@ -2,7 +2,7 @@
 
     params = train_many(model, x, y, rows, cfg)   # x (groups, N, features), rows (groups, models)
 
-The same scheme as `native/jax_many.py`: model (g, m) trains on the first `rows[g, m]` rows of group g; each
+The same scheme as `native/jax/many.py`: model (g, m) trains on the first `rows[g, m]` rows of group g; each
 epoch shuffles the N positions once for every model, and a model's loss on a batch is the mean over the batch's
 rows inside its window. The weights of all models are stacked on two leading axes and trained as `nn.Parameter`s;
 the loss is the sum of the models' own losses, so each model gets exactly its own gradient, and Adam is

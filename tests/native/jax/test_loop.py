@@ -6,7 +6,8 @@ from compare.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.config import TrainConfig, take
 from keras_side.determinism import seed_everything
-from native import jax_host, jax_loop
+from native.jax import host as jax_host
+from native.jax import loop as jax_loop
 from tests.native.loops import flat
 
 

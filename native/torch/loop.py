@@ -1,6 +1,6 @@
 """The Keras model trained as what it is on the torch backend: a `torch.nn.Module`, with `torch.optim.Adam`.
 
-    native-loops train --path torch-native   # or, in your code: from native import torch_loop
+    native-loops train --path torch-native   # or, in your code: from native.torch import loop
 
 Every Keras weight is a `torch.nn.Parameter` registered on the module, so `model.parameters()` is all torch needs.
 Do not reach for `torch.func.functional_call`: on a Keras model it silently trains nothing (keras-team/keras#20279).

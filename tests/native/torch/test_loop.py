@@ -9,7 +9,8 @@ from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import models
 from keras_side.config import TrainConfig
 from keras_side.determinism import seed_everything
-from native import torch_host, torch_loop
+from native.torch import host as torch_host
+from native.torch import loop as torch_loop
 from tests.native.loops import flat
 
 

@@ -4,7 +4,7 @@ from keras_side import models
 from keras_side.config import TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.fit import adam
-from native import tf_loop
+from native.tensorflow import loop as tf_loop
 
 
 def test_step_traces_once_for_every_batch_size(har):

@@ -24,7 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import TrainConfig
-from native.jax_loop import adam, make_loss
+from native.jax.loop import adam, make_loss
 
 
 def init_params(model, key) -> list[jax.Array]:

@@ -5,7 +5,7 @@ import numpy as np
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
 from keras_side.config import TrainConfig
-from native import jax_many
+from native.jax import many as jax_many
 
 
 def problem(groups=2, models_per_group=3, n=400, seed=0):

@@ -4,7 +4,7 @@ import torch
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
 from keras_side.config import TrainConfig
-from native import torch_many
+from native.torch import many as torch_many
 
 
 def problem(groups=2, models_per_group=3, n=300, seed=0):

@@ -1,6 +1,6 @@
 """The Keras model trained as a pure function: `jax.jit(jax.value_and_grad)` over `model.stateless_call`, optax.
 
-    native-loops train --path jax-native   # or, in your code: from native import jax_loop
+    native-loops train --path jax-native   # or, in your code: from native.jax import loop
 
 State is `(trainable, non_trainable, opt_state)`. Batches are gathered ahead of time and padded to one shape,
 with a mask for the short last batch, so the step compiles once. Two drivers share the same step: a readable

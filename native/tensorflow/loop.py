@@ -1,6 +1,6 @@
 """The Keras model trained with `tf.GradientTape` inside one `tf.function` step and the Keras Adam's `apply`.
 
-    native-loops train --path tensorflow-native   # or, in your code: from native import tf_loop
+    native-loops train --path tensorflow-native   # or, in your code: from native.tensorflow import loop
 
 The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
 Batch order per epoch comes from `tf.random.experimental.stateless_shuffle` seeded by (config seed, epoch).

@@ -1,0 +1,1 @@
+"""tensorflow: the native loop (`loop`), the Keras-exact and engine-own optimizers (`optim`)."""
