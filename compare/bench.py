@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from compare import paths, runner
-from keras_side.config import HarData, TrainConfig, batch_slices, numpy_orders, versions
+from keras_side.config import HarData, batch_slices, numpy_orders, versions
+from keras_side.spec import TrainConfig
 
 TARGETS = (  # (path, against, at least): the targets, printed with what this run measured
     ("jax-native-scan", "fit", 150.0),
@@ -70,7 +71,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
                 entry["compile"].append(event["compile_seconds"])
 
     with runner.Pool(engines, folder, jobs=1) as pool:
-        request = {"data": str(data_file), "config": cfg.__dict__, "repeats": repeats}
+        request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats}
         pool.each("bench", lambda e: {**request, "paths": bench_paths(e)}, on_event)
         failed = dict(pool.failed)
     timings["numpy-floor"] = {"seconds": [numpy_adam(data, cfg) for _ in range(repeats)], "compile": []}

@@ -12,7 +12,8 @@ from compare import commands
 from compare import data as har_data
 from compare.errors import NativeLoopsError
 from keras_side.backend import BackendError
-from keras_side.config import ENGINES, TrainConfig
+from keras_side.config import ENGINES
+from keras_side.spec import TrainConfig
 
 
 def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model (default: %(default)s)",

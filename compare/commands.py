@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +13,8 @@ from compare import walk_forward as walk
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
 from keras_side.backend import use_backend
-from keras_side.config import ENGINES, TrainConfig, versions
+from keras_side.config import ENGINES, versions
+from keras_side.spec import TrainConfig
 
 
 def load(args: argparse.Namespace, **seed):
@@ -135,7 +135,7 @@ def bench(args: argparse.Namespace) -> int:
                                                fit_refits=2)["timing"]
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
-        write_json(args.json, timings | {"config": dataclasses.asdict(cfg), "seed": cfg.seed})
+        write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed})
         report.console().print(f"wrote {args.json}")
     return 3 if timings["incomplete"] else 0
 
@@ -167,7 +167,7 @@ def walk_forward(args: argparse.Namespace) -> int:
         report.print_walk_forward(mse, result["timing"], windows)
         for note in result["notes"]:
             report.console().print(note)
-        summary = {"config": dataclasses.asdict(cfg), "seed": cfg.seed, "versions": versions(), "source": source,
+        summary = {"config": cfg.to_dict(), "seed": cfg.seed, "versions": versions(), "source": source,
                    "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"],
                    "notes": result["notes"]}
         write_json(tmp / "walk_forward.json", summary)

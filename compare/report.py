@@ -14,7 +14,8 @@ from rich.table import Table
 
 from compare.reference import Ols
 from compare.synthetic import TrueProcess
-from keras_side.config import HarData, Result, TrainConfig, versions
+from keras_side.config import HarData, Result, versions
+from keras_side.spec import TrainConfig
 
 
 @functools.cache
@@ -48,7 +49,7 @@ def report_json(data: HarData, ols: Ols, cfg: TrainConfig, results: dict[str, Re
                 checks=(), incomplete: dict[str, str] | None = None) -> dict:
     """The machine-readable report (shape in the README); slopes, intercepts and MSE in original units."""
     return {
-        "config": dataclasses.asdict(cfg),
+        "config": cfg.to_dict(),
         "seed": cfg.seed,
         "versions": versions(),
         "data": {"source": data.source, "asset": data.asset, "n_train": data.n_train, "n_test": data.n_test},

@@ -21,7 +21,8 @@ import numpy as np
 
 from compare import reference
 from keras_side.backend import engine_environment, engine_installed
-from keras_side.config import HarData, TrainConfig
+from keras_side.config import HarData
+from keras_side.spec import TrainConfig
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker computes on one thread (keras_side.determinism.THREADS). A full compare on 2 cores, measured:
@@ -193,7 +194,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, fl
     np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])
     init = [w.tolist() for w in initial_weights(data, cfg.seed)]
     with Pool(engines, folder, jobs=jobs) as pool:
-        train = {"data": str(data_file), "config": cfg.__dict__, "init_weights": init}
+        train = {"data": str(data_file), "config": cfg.to_dict(), "init_weights": init}
         pool.each("train", lambda e: train, on_event)
         pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
         h5 = {p.stem.removesuffix(".weights"): str(p)

@@ -16,7 +16,7 @@ import pandas as pd
 from compare import data as har_data
 from compare import runner
 from compare.errors import NativeLoopsError
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 
 REFIT_EVERY = 21
 
@@ -155,7 +155,7 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
     answers = {}
     env = {"XLA_FLAGS": host_devices_flag(max(counts))}
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
-        request = {"windows": str(folder / "windows.npz"), "config": cfg.__dict__, "devices": counts,
+        request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
                    "fit_models": picks}
         pool.each("walk_forward", lambda e: request,
                   lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)

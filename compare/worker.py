@@ -20,7 +20,8 @@ import numpy as np
 
 from compare import paths
 from keras_side import fit, models
-from keras_side.config import HarData, Scaling, TrainConfig
+from keras_side.config import HarData, Scaling
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.precision import float64
 

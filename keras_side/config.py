@@ -1,4 +1,4 @@
-"""The shapes every path shares: the training config, the prepared data, and a path's result.
+"""The shapes every path shares: the prepared data and a path's result (the training spec is `keras_side.spec`).
 
 Nothing here imports Keras or an engine, so the runner can build and read these before any backend exists.
 """
@@ -9,42 +9,15 @@ import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from keras_side.spec import TrainConfig
+
 ENGINES = ("torch", "jax", "tensorflow")
 PACKAGES = ("keras", "numpy", "torch", "jax", "jaxlib", "optax", "tensorflow-cpu", "tensorflow")
-
-# "engine": each engine draws its own batch order from the seed (torch.Generator, jax.random, tf stateless ops,
-# Keras's own shuffle in fit). "numpy": every path uses the same NumPy permutation per epoch, so only the
-# arithmetic can differ (the referee's "same arithmetic" check).
-BatchOrder = Literal["engine", "numpy"]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How every path trains. Adam's epsilon is stated here because the engines' defaults differ
-    (Keras 1e-7, torch and optax 1e-8): the config decides and every path obeys."""
-
-    epochs: int = 40
-    batch_size: int = 128
-    learning_rate: float = 0.01
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = 1e-7
-    seed: int = 0
-    batch_order: BatchOrder = "engine"
-    validate: bool = True  # compute the validation loss after every epoch
-
-    def __post_init__(self):
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
-        if self.batch_order not in ("engine", "numpy"):
-            raise ValueError(f"batch_order must be 'engine' or 'numpy', got {self.batch_order!r}")
-
-    def replace(self, **changes) -> TrainConfig:
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)

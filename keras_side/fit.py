@@ -9,7 +9,8 @@ import time
 import keras
 import numpy as np
 
-from keras_side.config import HarData, Result, TrainConfig, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
+from keras_side.spec import TrainConfig
 
 VALIDATION_BATCH = 8192
 

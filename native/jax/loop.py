@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from keras_side.config import HarData, Result, TrainConfig, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
+from keras_side.spec import TrainConfig
 from keras_side.models import ensure_built
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from native.jax.loop import adam, make_loss
 
 

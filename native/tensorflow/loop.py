@@ -12,7 +12,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from keras_side.config import HarData, Result, TrainConfig, batch_slices, keras_inputs, numpy_orders
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
+from keras_side.spec import TrainConfig
 from keras_side.fit import adam
 from keras_side.models import ensure_built
 

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import torch
 
-from keras_side.config import HarData, Result, TrainConfig, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.spec import TrainConfig
 from keras_side.models import ensure_built
 
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 
 
 def init_params(model, shape: tuple[int, ...], generator: torch.Generator) -> list[torch.nn.Parameter]:

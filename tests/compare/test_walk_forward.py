@@ -7,7 +7,7 @@ import pytest
 from compare import cli, data
 from compare import walk_forward as wf
 from compare.tolerances import SHARDED_ATOL, WALK_FORWARD_MSE_RTOL
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 import numpy as np
 
 from keras_side import fit, models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 
 FIVE_EPOCHS = TrainConfig(epochs=5, validate=False)

@@ -3,7 +3,8 @@ import pytest
 
 from compare import checks
 from keras_side import fit, models
-from keras_side.config import Result, TrainConfig
+from keras_side.config import Result
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from tests.keras_side.conftest import ENGINE
 

@@ -5,7 +5,7 @@ import pytest
 from compare import data, reference, synthetic
 from compare.tolerances import LEVERAGE_STD_ERRORS, MODEL_API_ATOL, SLOPE_ATOL, TRUTH_STD_ERRORS
 from keras_side import fit, models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 
 MLPS = ["mlp_sequential", "mlp_functional", "mlp_subclass"]

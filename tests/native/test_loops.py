@@ -5,7 +5,7 @@ import pytest
 from compare import checks, reference
 from compare.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from tests.native.conftest import ENGINE

@@ -4,7 +4,8 @@ import numpy as np
 
 from compare.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
-from keras_side.config import TrainConfig, take
+from keras_side.config import take
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from native.jax import host as jax_host
 from native.jax import loop as jax_loop

@@ -4,7 +4,7 @@ import numpy as np
 
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from native.jax import many as jax_many
 
 

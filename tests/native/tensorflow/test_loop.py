@@ -1,7 +1,7 @@
 import numpy as np
 
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.fit import adam
 from native.tensorflow import loop as tf_loop

@@ -7,7 +7,7 @@ import torch
 
 from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from native.torch import host as torch_host
 from native.torch import loop as torch_loop
@@ -53,7 +53,7 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
 PREDICT_ON_JAX = """
 import sys, numpy as np
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 model = models.har()
 model.load_weights(sys.argv[1])
 np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))

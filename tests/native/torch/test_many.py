@@ -3,7 +3,7 @@ import torch
 
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
-from keras_side.config import TrainConfig
+from keras_side.spec import TrainConfig
 from native.torch import many as torch_many
 
 

@@ -1,0 +1,205 @@
+"""The training spec: what `compile` and `fit` take, in one frozen config that every path obeys.
+
+    cfg = TrainConfig(optimizer="sgd", momentum=0.9, nesterov=True, schedule="cosine", decay_steps=200,
+                      clipnorm=1.0, loss="huber")
+    keras_optimizer(cfg), keras_loss(cfg)    # what `fit` compiles with; the native loops build their own
+
+The field names are Keras's own keyword arguments, so a spec reads like the `compile` call it stands for. A spec
+that Keras would refuse, or that a path cannot honour, is a `SpecError` naming the field and the fix: never a
+silent approximation. The dataclass imports no engine; the `keras_*` builders import Keras when called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# "engine": each engine draws its own batch order from the seed (torch.Generator, jax.random, tf stateless ops,
+# Keras's own shuffle in fit). "numpy": every path uses the same NumPy permutation per epoch, so only the
+# arithmetic can differ (the referee's "same arithmetic" check and the zoo).
+BatchOrder = Literal["engine", "numpy"]
+# The native loops' optimizer. "exact": Keras's update rule written in the engine's own optimizer API (an optax
+# GradientTransformation, a torch.optim.Optimizer), equal to `fit` step by step. "engine": the engine's stock
+# optimizer (optax.adam, torch.optim.Adam...) given the same numbers, which differs by convention (see the README's
+# optimizer table).
+Flavour = Literal["exact", "engine"]
+
+LOSSES = {  # Keras name -> Keras class; a "module:function" of keras.ops is accepted too
+    "mse": "MeanSquaredError",
+    "mae": "MeanAbsoluteError",
+    "huber": "Huber",
+    "binary_crossentropy": "BinaryCrossentropy",
+    "sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
+}
+LOGIT_LOSSES = ("binary_crossentropy", "sparse_categorical_crossentropy")
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+SCHEDULES = ("exponential", "cosine", "piecewise")
+KERAS_ADAMW_DECAY = 0.004  # keras.optimizers.AdamW's default weight_decay (torch's is 0.01, optax's 1e-4)
+FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class SpecError(ValueError):
+    """A training spec that cannot be honoured; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How every path trains: `fit`, `fit` with a custom `train_step`, and each native loop."""
+
+    epochs: int = 40
+    batch_size: int = 128
+    seed: int = 0
+    batch_order: BatchOrder = "engine"
+    validate: bool = True  # compute the validation loss after every epoch
+    # compile(loss=...)
+    loss: str = "mse"
+    from_logits: bool = False
+    # compile(optimizer=...): Adam's epsilon is stated because the engines' defaults differ (Keras 1e-7, torch and
+    # optax 1e-8), and so is its meaning (see `Flavour`).
+    optimizer: str = "adam"
+    learning_rate: float = 0.01
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    momentum: float = 0.0  # sgd, rmsprop
+    nesterov: bool = False  # sgd
+    rho: float = 0.9  # rmsprop
+    weight_decay: float | None = None  # adamw (None: Keras's 0.004)
+    initial_accumulator_value: float = 0.1  # adagrad
+    # A learning-rate schedule of the optimizer's step: Keras's ExponentialDecay, CosineDecay (with warmup when
+    # warmup_steps > 0, from learning_rate up to warmup_target) or PiecewiseConstantDecay (values are the rates).
+    schedule: str | None = None
+    decay_steps: int = 1000
+    decay_rate: float = 0.5
+    warmup_steps: int = 0
+    warmup_target: float | None = None
+    alpha: float = 0.0
+    boundaries: tuple[int, ...] = ()
+    values: tuple[float, ...] = ()
+    # Gradient clipping, at most one, as Keras: per variable, over all variables, elementwise.
+    clipnorm: float | None = None
+    global_clipnorm: float | None = None
+    clipvalue: float | None = None
+    flavour: Flavour = "exact"
+
+    def __post_init__(self):
+        # Lists arrive from JSON (the worker protocol); the frozen spec keeps tuples.
+        object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
+        object.__setattr__(self, "values", tuple(float(v) for v in self.values))
+        for problem in _problems(self):
+            raise SpecError(problem)
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (what a worker request and a report carry); `TrainConfig(**d)` reads it back."""
+        return dataclasses.asdict(self)
+
+    @property
+    def decay(self) -> float | None:
+        """The weight decay the optimizer applies (AdamW's default when none is given)."""
+        if self.optimizer == "adamw":
+            return KERAS_ADAMW_DECAY if self.weight_decay is None else self.weight_decay
+        return None
+
+
+def _problems(c: TrainConfig):
+    """Every reason the spec cannot be honoured, as user-facing lines (the first one is raised)."""
+    if c.epochs < 1 or c.batch_size < 1:
+        yield f"epochs and batch_size must be >= 1, got {c.epochs} and {c.batch_size}"
+    if c.batch_order not in ("engine", "numpy"):
+        yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
+    if c.flavour not in ("exact", "engine"):
+        yield f"flavour must be 'exact' or 'engine', got {c.flavour!r}"
+    if c.loss not in LOSSES and not FUNCTION.match(c.loss):
+        yield (f"unknown loss {c.loss!r}; choose one of {', '.join(LOSSES)} or give a 'module:function' "
+               "written with keras.ops")
+    if c.from_logits and c.loss not in LOGIT_LOSSES:
+        yield f"from_logits applies to {' and '.join(LOGIT_LOSSES)}, not to loss {c.loss!r}; drop it"
+    if c.optimizer not in OPTIMIZERS:
+        yield f"unknown optimizer {c.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}"
+    if not (math.isfinite(c.learning_rate) and c.learning_rate > 0):
+        yield f"learning_rate must be a positive number, got {c.learning_rate}"
+    if not 0 <= c.momentum < 1:
+        yield f"momentum must be in [0, 1), got {c.momentum}"
+    if c.momentum and c.optimizer not in ("sgd", "rmsprop"):
+        yield f"momentum is an option of sgd and rmsprop, not of {c.optimizer}; drop it"
+    if c.nesterov and not (c.optimizer == "sgd" and c.momentum > 0):
+        yield "nesterov needs optimizer='sgd' with momentum > 0"
+    if c.weight_decay is not None and (c.optimizer != "adamw" or c.weight_decay < 0):
+        yield f"weight_decay (>= 0) is supported with optimizer='adamw' only, got {c.weight_decay} for {c.optimizer}"
+    if c.epsilon < 0:
+        yield f"epsilon must be >= 0, got {c.epsilon}"
+    clips = [n for n in ("clipnorm", "global_clipnorm", "clipvalue") if getattr(c, n) is not None]
+    if len(clips) > 1:
+        yield f"set at most one of clipnorm, global_clipnorm and clipvalue (as Keras), got {', '.join(clips)}"
+    if any(getattr(c, n) <= 0 for n in clips):
+        yield f"{clips[0]} must be > 0"
+    yield from _schedule_problems(c)
+
+
+def _schedule_problems(c: TrainConfig):
+    if c.schedule is None:
+        return
+    if c.schedule not in SCHEDULES:
+        yield f"unknown schedule {c.schedule!r}; choose one of {', '.join(SCHEDULES)}"
+    elif c.schedule == "piecewise":
+        if len(c.values) != len(c.boundaries) + 1 or not c.boundaries:
+            yield "a piecewise schedule needs boundaries and one more value than boundaries (the rates)"
+        elif list(c.boundaries) != sorted(set(c.boundaries)) or min(c.values) <= 0:
+            yield "piecewise boundaries must increase and its values (rates) must be > 0"
+    elif c.decay_steps < 1:
+        yield f"decay_steps must be >= 1, got {c.decay_steps}"
+    elif c.schedule == "cosine" and (c.warmup_steps < 0 or (c.warmup_steps > 0) != (c.warmup_target is not None)):
+        yield "a cosine warmup needs both warmup_steps > 0 and warmup_target (the rate reached after the warmup)"
+
+
+def resolve(spec: str):
+    """The object named by 'module:function'."""
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def keras_schedule(cfg: TrainConfig):
+    """The Keras `LearningRateSchedule` of the spec, or the constant learning rate."""
+    from keras.optimizers import schedules
+
+    if cfg.schedule == "exponential":
+        return schedules.ExponentialDecay(cfg.learning_rate, cfg.decay_steps, cfg.decay_rate)
+    if cfg.schedule == "cosine":
+        return schedules.CosineDecay(cfg.learning_rate, cfg.decay_steps, alpha=cfg.alpha,
+                                     warmup_target=cfg.warmup_target, warmup_steps=cfg.warmup_steps)
+    if cfg.schedule == "piecewise":
+        return schedules.PiecewiseConstantDecay(list(cfg.boundaries), list(cfg.values))
+    return cfg.learning_rate
+
+
+def keras_optimizer(cfg: TrainConfig):
+    """The `keras.optimizers` object `fit` compiles with (and the TensorFlow loop applies)."""
+    import keras
+
+    options = {"learning_rate": keras_schedule(cfg), "clipnorm": cfg.clipnorm, "global_clipnorm": cfg.global_clipnorm,
+               "clipvalue": cfg.clipvalue}
+    by_name = {
+        "adam": dict(beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon),
+        "adamw": dict(beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon, weight_decay=cfg.decay),
+        "sgd": dict(momentum=cfg.momentum, nesterov=cfg.nesterov),
+        "rmsprop": dict(rho=cfg.rho, momentum=cfg.momentum, epsilon=cfg.epsilon),
+        "adagrad": dict(initial_accumulator_value=cfg.initial_accumulator_value, epsilon=cfg.epsilon),
+    }
+    return getattr(keras.optimizers, OPTIMIZERS[cfg.optimizer])(**options, **by_name[cfg.optimizer])
+
+
+def keras_loss(cfg: TrainConfig):
+    """The `keras.losses.Loss` object: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with Keras's
+    target shaping. `fit` compiles with it and every native loop calls it, so the loss can never differ."""
+    import keras
+
+    if cfg.loss in LOSSES:
+        options = {"from_logits": cfg.from_logits} if cfg.loss in LOGIT_LOSSES else {}
+        return getattr(keras.losses, LOSSES[cfg.loss])(**options)
+    return keras.losses.LossFunctionWrapper(resolve(cfg.loss), name=cfg.loss.split(":")[1])
