@@ -12,6 +12,7 @@ from compare import commands
 from compare import data as har_data
 from compare.errors import NativeLoopsError
 from keras_side.backend import BackendError
+from keras_side.spec import SpecError
 from keras_side.config import ENGINES
 from keras_side.spec import TrainConfig
 
@@ -72,6 +73,17 @@ def parser() -> argparse.ArgumentParser:
                    "host devices made by XLA; default: %(default)s)")
     p.add_argument("--fit-refits", type=int, default=3, help="refits timed with model.fit, then extrapolated")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+
+    p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "
+                       "batches; exit 0 only when every cell is within tolerance")
+    _data_options(p)
+    p.add_argument("--models", default=None, help="comma-separated zoo models (default: all)")
+    p.add_argument("--optimizers", default=None, help="comma-separated optimizer settings (default: all)")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per training (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=None, help="train on the first ROWS training rows (default: all)")
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
     return top
 
 
@@ -82,6 +94,7 @@ COMMANDS = {
     "compare": commands.compare,
     "bench": commands.bench,
     "walk-forward": commands.walk_forward,
+    "zoo": commands.zoo,
 }
 
 
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (NativeLoopsError, BackendError) as err:
+    except (NativeLoopsError, BackendError, SpecError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

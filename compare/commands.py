@@ -10,6 +10,7 @@ from compare import bench as bench_paths
 from compare import checks, figures, paths, reference, report, runner, synthetic
 from compare import data as har_data
 from compare import walk_forward as walk
+from compare import zoo as zoo_matrix
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, write_json
 from keras_side.backend import use_backend
@@ -174,3 +175,29 @@ def walk_forward(args: argparse.Namespace) -> int:
         figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
     report.console().print(f"report: {out}/walk_forward.json, forecasts.png")
     return 0
+
+
+def zoo(args: argparse.Namespace) -> int:
+    """Exit 0 when every judged cell is within tolerance on every engine, 1 when one is not, 3 when an engine is
+    missing or crashed."""
+    models, optimizers = zoo_matrix.parse_models(args.models), zoo_matrix.parse_optimizers(args.optimizers)
+    engines, cfg = parse_engines(args.engines), train_config(args)
+    if args.rows is not None and args.rows < 1:
+        raise NativeLoopsError(f"--rows must be at least 1, got {args.rows}")
+    panel, source = load(args)
+    for kind in {zoo_matrix.ZOO[m].data for m in models}:  # bad --asset/--split/--end stop here, before any worker
+        har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end)
+    out = Path(args.out) if args.out else default_out()
+    with atomic_folder(out) as tmp:
+        found = zoo_matrix.run(panel, models=models, engines=engines, optimizers=optimizers, folder=tmp,
+                               epochs=cfg.epochs, rows=args.rows, seed=cfg.seed, asset=args.asset, split=args.split,
+                               end=args.end)
+        report.print_zoo(found)
+        write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers})
+        figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])
+        for scratch in tmp.glob("zoo-*.npz"):
+            scratch.unlink()
+    report.console().print(f"report: {out}/zoo.json, zoo.png")
+    if found["incomplete"]:
+        return 3
+    return 0 if zoo_matrix.passed(found) else 1

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pandas as pd
 
 from compare import synthetic
 from compare.errors import HarDataError
-from keras_side.config import HarData, Scaling
+from keras_side.config import SEQUENCE_DAYS, HarData, Scaling
 
 COLUMNS = ("fecha", "activo", "rendimiento", "rv_5min")
 HAR = ("d1", "s5", "m22")
@@ -181,3 +182,44 @@ def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str |
     test = pd.concat([s[1] for s in sides])
     ids = [np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(sides)]) for k in (0, 1)]
     return standardize(train, test, (HAR,), asset="all", source=source, extra_inputs=(ids[0], ids[1]))
+
+
+def prepare_sequences(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
+                      end: str | None = None, source: str = "") -> HarData:
+    """For sequence models: the last 22 days of log RV, oldest first, (n, 22, 1); the target is the day's log RV.
+    The same days as the HAR design, both standardized with the training days' log RV mean and std."""
+    design = har_features(panel, asset)
+    log_rv = np.log(panel[panel["activo"] == asset].set_index("fecha")["rv_5min"])
+    lags = pd.concat([log_rv.shift(k) for k in range(SEQUENCE_DAYS, 0, -1)], axis=1).loc[design.index]
+    train, test = split_dates(design, split, end)
+    mean, std = float(train["y"].mean()), float(train["y"].std(ddof=0))
+
+    def arrays(side: pd.DataFrame):
+        x = (lags.loc[side.index].to_numpy() - mean) / std
+        return x[..., None].astype(np.float32), ((side["y"].to_numpy() - mean) / std).astype(np.float32)[:, None]
+
+    scaling = Scaling(np.full(1, mean), np.full(1, std), mean, std)
+    return HarData(*arrays(train), *arrays(test), scaling, ("log_rv_lags",), asset, source)
+
+
+def prepare_direction(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
+                      end: str | None = None, source: str = "") -> HarData:
+    """For a classifier: the standardized HAR means and, as target, 1.0 when the day's return is positive."""
+    data = prepare(panel, asset=asset, split=split, end=end, source=source)
+    train, test = split_dates(har_features(panel, asset), split, end)
+    returns = panel[panel["activo"] == asset].set_index("fecha")["rendimiento"]
+    up = [(returns.loc[side.index].to_numpy() > 0).astype(np.float32)[:, None] for side in (train, test)]
+    scaling = dataclasses.replace(data.scaling, y_mean=0.0, y_std=1.0)  # a probability: no units to restore
+    return dataclasses.replace(data, y_train=up[0], y_test=up[1], scaling=scaling)
+
+
+KINDS = ("har", "sequence", "direction", "panel")
+
+
+def prepare_kind(panel: pd.DataFrame, kind: str, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
+                 end: str | None = None, source: str = "") -> HarData:
+    """The data set a zoo model trains on (see `keras_side.zoo`)."""
+    if kind == "panel":
+        return prepare_panel(panel, split=split, end=end, source=source)
+    build = {"har": prepare, "sequence": prepare_sequences, "direction": prepare_direction}[kind]
+    return build(panel, asset=asset, split=split, end=end, source=source)

@@ -61,3 +61,29 @@ def _save(fig, path: Path) -> None:
     with atomic_file(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+
+
+def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
+    """One panel per engine: models × optimizers, colour = log10 of the native loop's largest gap to `fit`."""
+    judged = [c for c in cells if c["judged"]]
+    engines = list(dict.fromkeys(c["engine"] for c in judged))
+    models = list(dict.fromkeys(c["model"] for c in judged))
+    optimizers = list(dict.fromkeys(c["optimizer"] for c in judged))
+    fig, axes = plt.subplots(1, max(1, len(engines)), figsize=(2.2 + 1.0 * len(optimizers) * len(engines),
+                                                               1.2 + 0.45 * len(models)), squeeze=False)
+    floor = np.log10(tolerance) - 4  # bit-identical cells (gap 0) show at the bottom of the scale
+    for ax, engine in zip(axes[0], engines):
+        grid = np.full((len(models), len(optimizers)), np.nan)
+        for c in (c for c in judged if c["engine"] == engine):
+            grid[models.index(c["model"]), optimizers.index(c["optimizer"])] = max(np.log10(max(c["gap"], 1e-30)),
+                                                                                   floor)
+        image = ax.imshow(grid, vmin=floor, vmax=np.log10(tolerance) + 2, cmap="viridis", aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            if np.isnan(v) or v > np.log10(tolerance):
+                ax.text(j, i, "✗", ha="center", va="center", color="red", fontsize=12)
+        ax.set_xticks(range(len(optimizers)), optimizers, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(models)), models, fontsize=8)
+        ax.set_title(engine, fontsize=10)
+    fig.colorbar(image, ax=axes[0, -1], label=f"log10 gap to fit (tolerance {tolerance:g})")
+    fig.suptitle("native loop vs fit, same weights and batches", fontsize=10)
+    _save(fig, path)

@@ -31,6 +31,7 @@ PATHS = {
     for engine in ENGINES
     for p in (Path(f"keras-{engine}", engine, "keras_side.fit"), Path(f"{engine}-native", engine, LOOP_MODULES[engine]))
 }
+PATHS |= {f"keras-{e}-train-step": Path(f"keras-{e}-train-step", e, f"native.{e}.train_step") for e in ENGINES}
 PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.loop", {"driver": "scan"})
 PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch.loop", {"compile": True})
 

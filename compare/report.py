@@ -171,3 +171,42 @@ def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) 
         speed.add_row(name, str(t["devices"]), f"{t['seconds']:.2f}", "" if compile_s is None else f"{compile_s:.2f}",
                       f"{t['models_per_s']:,.1f}", t.get("note", ""))
     console().print(speed)
+
+
+def print_zoo(zoo: dict) -> None:
+    """The zoo matrix: per model and path, the worst gap to `fit` over the optimizers on each engine (✓ within the
+    tolerance; the engine-optimizer path is measured, not judged), then the worst gap per optimizer."""
+    cells, tolerance = zoo["cells"], zoo["tolerance"]
+    engines = list(dict.fromkeys(c["engine"] for c in cells))
+    table = Table("model", "path", *engines, title=f"largest weight gap to fit after {zoo['epochs']} epoch(s), "
+                  f"same weights and batches (tolerance {tolerance:g} for the Keras-exact optimizer)",
+                  title_justify="left")
+    for model, path in dict.fromkeys((c["model"], c["path"]) for c in cells):
+        row = [_worst([c for c in cells if (c["model"], c["path"], c["engine"]) == (model, path, e)])
+               for e in engines]
+        table.add_row(model, path, *row)
+    console().print(table)
+    per_optimizer = Table("optimizer", "path", *engines, title="largest gap per optimizer setting, over the models",
+                          title_justify="left")
+    for optimizer, path in dict.fromkeys((c["optimizer"], c["path"]) for c in cells):
+        row = [_worst([c for c in cells if (c["optimizer"], c["path"], c["engine"]) == (optimizer, path, e)])
+               for e in engines]
+        per_optimizer.add_row(optimizer, path, *row)
+    console().print(per_optimizer)
+    for cell in (c for c in cells if c.get("error")):
+        console().print(f"[red]✗[/red] {cell['model']} {cell['engine']} {cell['path']} {cell['optimizer']}: "
+                        f"{cell['error']}")
+    for engine, why in zoo["incomplete"].items():
+        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+    judged = [c for c in cells if c["judged"]]
+    console().print(f"{sum(c['passed'] for c in judged)} of {len(judged)} judged cells within {tolerance:g}")
+
+
+def _worst(cells: list[dict]) -> str:
+    if not cells:
+        return ""
+    worst = max(cells, key=lambda c: -1.0 if c["gap"] != c["gap"] else c["gap"])  # NaN (an error) sorts first
+    if any(c["gap"] != c["gap"] for c in cells):
+        return "[red]✗ error[/red]"
+    mark = ("[green]✓[/green] " if all(c["passed"] for c in cells) else "[red]✗[/red] ") if worst["judged"] else ""
+    return f"{mark}{worst['gap']:.1e}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from compare import paths
+from compare import paths, zoo
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling
 from keras_side.spec import TrainConfig
@@ -195,7 +195,7 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
 
 
 HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
-            "bench": bench, "walk_forward": walk_forward}
+            "bench": bench, "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 
 def serve(requests, protocol) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
+SEQUENCE_DAYS = 22  # days of log RV a sequence model reads: the HAR's longest mean, as a sequence
 PACKAGES = ("keras", "numpy", "torch", "jax", "jaxlib", "optax", "tensorflow-cpu", "tensorflow")
 
 

@@ -10,13 +10,9 @@ import keras
 import numpy as np
 
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
-from keras_side.spec import TrainConfig
+from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
 
 VALIDATION_BATCH = 8192
-
-
-def adam(cfg: TrainConfig) -> keras.optimizers.Adam:
-    return keras.optimizers.Adam(cfg.learning_rate, beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon)
 
 
 class _EpochReport(keras.callbacks.Callback):
@@ -29,12 +25,16 @@ class _EpochReport(keras.callbacks.Callback):
 
 
 def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
-    """Adam + MSE through `model.fit`; validation on the test split after every epoch when `cfg.validate`.
+    """`compile` with the spec's optimizer and loss, then `model.fit`; validation on the test split after every
+    epoch when `cfg.validate`.
 
     With `cfg.batch_order="numpy"`, each epoch is one `fit` call on that epoch's NumPy permutation with
     `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches.
     """
-    model.compile(optimizer=adam(cfg), loss="mse")
+    if model.compiled:
+        raise SpecError(f"model {model.name!r} is already compiled; this path compiles it from the TrainConfig, so "
+                        "pass an uncompiled model (or call model.fit yourself to keep your compile)")
+    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg))
     validation = (keras_inputs(data.x_test), data.y_test) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
     # The whole test split in one validation batch: the same mean loss, without 16 small batches per epoch.

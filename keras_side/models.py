@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import layers
 
-from keras_side.config import keras_inputs, take
+from keras_side.config import SEQUENCE_DAYS, keras_inputs, take
 
 HAR_INPUTS = 3
 N_ASSETS = 6
@@ -82,6 +82,66 @@ def leverage() -> keras.Model:
     lev = keras.Input((1,), name="negative_return")
     both = layers.Concatenate(name="concat")([x, lev])
     return keras.Model([x, lev], layers.Dense(1, name="har")(both), name="leverage")
+
+
+# The zoo (keras_side.zoo lists each with its data and loss): real models for "the native loop is fit, unpacked".
+
+
+def mlp_l2() -> keras.Model:
+    """The 3-8-1 MLP with an L2 kernel regularizer and an L2 activity regularizer on its hidden layer."""
+    return keras.Sequential([
+        keras.Input((HAR_INPUTS,)),
+        layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.05),
+                     activity_regularizer=keras.regularizers.L2(0.01), name="hidden"),
+        layers.Dense(1, name="out"),
+    ], name="mlp_l2")
+
+
+def bn_mlp(use_bias: bool = False) -> keras.Model:
+    """Dense → BatchNormalization → relu → Dense. The Dense before the BatchNorm has no bias: BatchNorm subtracts
+    the batch mean, so such a bias has a true-zero gradient, and Adam turns its rounding noise into full steps."""
+    return keras.Sequential([
+        keras.Input((HAR_INPUTS,)),
+        layers.Dense(8, use_bias=use_bias, name="hidden"),
+        layers.BatchNormalization(name="bn"),
+        layers.ReLU(name="relu"),
+        layers.Dense(1, name="out"),
+    ], name="bn_mlp")
+
+
+def dropout_mlp(seed: int | None = 7) -> keras.Model:
+    """A 3-16-1 MLP with Dropout(0.2). The dropout is seeded: an unseeded Dropout on torch takes Keras's fast path,
+    `torch.nn.functional.dropout` on torch's global generator, which `fit`'s DataLoader also draws from (twice an
+    epoch), so no loop of yours would draw `fit`'s masks; a seeded one draws from its own SeedGenerator state."""
+    return keras.Sequential([
+        keras.Input((HAR_INPUTS,)),
+        layers.Dense(16, activation="relu", name="hidden"),
+        layers.Dropout(0.2, seed=seed, name="dropout"),
+        layers.Dense(1, name="out"),
+    ], name="dropout_mlp")
+
+
+def lstm() -> keras.Model:
+    return keras.Sequential([keras.Input((SEQUENCE_DAYS, 1)), layers.LSTM(8, name="lstm"), layers.Dense(1, name="out")],
+                            name="lstm")
+
+
+def conv1d() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((SEQUENCE_DAYS, 1)),
+        layers.Conv1D(4, 5, activation="relu", name="conv"),
+        layers.GlobalAveragePooling1D(name="pool"),
+        layers.Dense(1, name="out"),
+    ], name="conv1d")
+
+
+def classifier() -> keras.Model:
+    """Tomorrow's return up or down from the HAR means: logits, trained with binary cross-entropy."""
+    return keras.Sequential([
+        keras.Input((HAR_INPUTS,)),
+        layers.Dense(8, activation="relu", name="hidden"),
+        layers.Dense(1, name="logit"),
+    ], name="classifier")
 
 
 BUILDERS = {

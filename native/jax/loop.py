@@ -2,10 +2,14 @@
 
     native-loops train --path jax-native   # or, in your code: from native.jax import loop
 
-State is `(trainable, non_trainable, opt_state)`. Batches are gathered ahead of time and padded to one shape,
-with a mask for the short last batch, so the step compiles once. Two drivers share the same step: a readable
-Python loop (default) and a fused `lax.scan` over batches and epochs (`driver="scan"`). The trained state is
-written back into the Keras model with `assign`, so `model.predict` and `save_weights` see it.
+State is `(trainable, non_trainable, opt_state)`: non_trainable carries BatchNorm's moving statistics and the seed
+state of Dropout and GaussianNoise, so the loop draws the masks `fit` draws. The loss is the spec's Keras loss
+plus the losses the model adds (`return_losses=True`: regularizers, `add_loss`). The optimizer is the spec's
+(`native.jax.optim`: Keras-exact by default). Batches come as `fit` cuts them: full batches, then the short last
+one as it is, so no padded row ever reaches a layer (BatchNorm's batch statistics would see it); the step
+compiles once per batch shape, two at most. Two drivers share the step: a readable Python loop (default) and a
+fused `lax.scan` over each epoch's full batches (`driver="scan"`). The trained state is written back into the
+Keras model with `assign`, so `model.predict` and `save_weights` see it.
 """
 from __future__ import annotations
 
@@ -17,52 +21,49 @@ import numpy as np
 import optax
 
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
-from keras_side.spec import TrainConfig
 from keras_side.models import ensure_built
+from keras_side.spec import TrainConfig, keras_loss
+from native.jax import optim
 
 
-def make_loss(model, training: bool):
-    """Masked mean squared error: the plain batch MSE over the rows where mask is 1 (optax.l2_loss is half); zero
-    for a batch with no such row."""
+def make_loss(model, loss_fn, training: bool):
+    """`compute_loss(trainable, non_trainable, x, y) -> (loss, non_trainable)`: what `fit` minimizes."""
 
-    def loss_fn(trainable, non_trainable, x, y, mask):
-        pred, non_trainable = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training)
-        loss = jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
-        return loss, non_trainable
+    def compute_loss(trainable, non_trainable, x, y):
+        pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
+                                                           training=training, return_losses=True)
+        loss = loss_fn(y, pred)
+        return (loss + sum(losses) if losses else loss), non_trainable
 
-    return loss_fn
-
-
-def adam(cfg: TrainConfig) -> optax.GradientTransformation:
-    return optax.adam(cfg.learning_rate, b1=cfg.beta_1, b2=cfg.beta_2, eps=cfg.epsilon)
+    return compute_loss
 
 
-def make_step(model, optimizer: optax.GradientTransformation):
-    """The one jitted step: `step(state, (x, y, mask)) -> (state, loss)`."""
-    loss_fn = make_loss(model, training=True)
+def make_step(model, loss_fn, optimizer: optax.GradientTransformation):
+    """The one jitted step: `step(state, (x, y)) -> (state, loss)`."""
+    compute_loss = make_loss(model, loss_fn, training=True)
 
     @jax.jit
     def step(state, batch):
         trainable, non_trainable, opt_state = state
-        (loss, non_trainable), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, non_trainable, *batch)
+        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(trainable, non_trainable, *batch)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss
 
     return step
 
 
-def batch_plan(cfg: TrainConfig, n: int) -> tuple[jax.Array, jax.Array]:
-    """Row indices (epochs, batches, batch_size) and mask; the padding repeats row 0 with mask 0."""
+def batch_orders(cfg: TrainConfig, n: int) -> jax.Array:
+    """One permutation of the n rows per epoch (epochs, n), from `jax.random` (or the shared NumPy ones)."""
     if cfg.batch_order == "numpy":
-        orders = jnp.asarray(numpy_orders(cfg.seed, n, cfg.epochs))
-    else:
-        keys = jax.random.split(jax.random.key(cfg.seed), cfg.epochs)
-        orders = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
-    n_batches = -(-n // cfg.batch_size)
-    pad = n_batches * cfg.batch_size - n
-    idx = jnp.pad(orders, ((0, 0), (0, pad))).reshape(cfg.epochs, n_batches, cfg.batch_size)
-    mask = jnp.pad(jnp.ones((cfg.epochs, n), jnp.float32), ((0, 0), (0, pad)))
-    return idx, mask.reshape(cfg.epochs, n_batches, cfg.batch_size)
+        return jnp.asarray(numpy_orders(cfg.seed, n, cfg.epochs))
+    keys = jax.random.split(jax.random.key(cfg.seed), cfg.epochs)
+    return jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
+
+
+def split_batches(order, batch_size: int):
+    """One epoch's row order cut as `fit` cuts it: (full batches, batch_size) and the short rest (maybe empty)."""
+    full = order.shape[-1] // batch_size * batch_size
+    return order[..., :full].reshape(*order.shape[:-1], -1, batch_size), order[..., full:]
 
 
 def init_state(model, optimizer):
@@ -81,42 +82,45 @@ def write_back(model, state) -> None:
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None) -> Result:
-    """Adam + MSE; `driver="loop"` steps from Python, `driver="scan"` runs every epoch in one compiled call."""
+    """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
+    batches in one compiled `lax.scan`."""
     ensure_built(model, data.x_train)
-    optimizer = adam(cfg)
+    optimizer, loss_fn = optim.build(cfg), keras_loss(cfg)
     state = init_state(model, optimizer)
-    x, y = jax.tree.map(jnp.asarray, data.x_train), jnp.asarray(data.y_train)
-    test = (jax.tree.map(jnp.asarray, data.x_test), jnp.asarray(data.y_test), jnp.ones(data.n_test))
-    idx, mask = batch_plan(cfg, data.n_train)
+    train_xy = (jax.tree.map(jnp.asarray, data.x_train), jnp.asarray(data.y_train))
+    test = (jax.tree.map(jnp.asarray, data.x_test), jnp.asarray(data.y_test))
+    step = make_step(model, loss_fn, optimizer)
+    evaluate = jax.jit(make_loss(model, loss_fn, training=False))
     run = _scan_driver if driver == "scan" else _loop_driver
-    state, train_loss, val_loss, compile_seconds, seconds = run(model, optimizer, state, (x, y), idx, mask, test,
-                                                                cfg, progress)
+    orders = np.asarray(batch_orders(cfg, data.n_train))
+    state, train_loss, val_loss, compile_seconds, seconds = run(step, evaluate, state, train_xy, orders, test, cfg,
+                                                                progress)
     write_back(model, state)
     path = "jax-native-scan" if driver == "scan" else "jax-native"
     return Result.from_training(path, "jax", model.get_weights(), data, cfg, train_loss, val_loss,
                                 predict(model, data.x_test), seconds, compile_seconds)
 
 
-def _loop_driver(model, optimizer, state, train_xy, idx, mask, test, cfg, progress):
-    step = make_step(model, optimizer)
-    evaluate = jax.jit(make_loss(model, training=False))
-    x, y = train_xy
-    epochs, n_batches = idx.shape[:2]
-    start = time.perf_counter()
-    step = step.lower(state, (take(x, idx[0, 0]), y[idx[0, 0]], mask[0, 0])).compile()  # compile time apart
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
+def _loop_driver(step, evaluate, state, train_xy, orders, test, cfg, progress):
+    x, y = jax.tree.map(np.asarray, train_xy)
+    full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
     # takes it as is, while indexing a jax array from Python costs ~70 µs a time, more than the step itself.
-    idx, mask = np.asarray(idx), np.asarray(mask)
-    batches = (take(jax.tree.map(np.asarray, x), idx), np.asarray(y)[idx], mask)
+    batches = [(take(x, full[:, b]), y[full[:, b]]) for b in range(full.shape[1])]
+    if rest.shape[1]:
+        batches.append((take(x, rest), y[rest]))
+    start = time.perf_counter()  # compile each batch shape now, so training time is training
+    step = {len(yb[0]): step.lower(state, jax.tree.map(lambda a: a[0], (xb, yb))).compile() for xb, yb in batches}
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
     train_loss, val_loss = [], []
-    for epoch in range(epochs):
-        losses = []
-        for b in range(n_batches):
-            state, loss = step(state, jax.tree.map(lambda a: a[epoch, b], batches))
+    for epoch in range(cfg.epochs):
+        losses, sizes = [], []
+        for xb, yb in batches:
+            state, loss = step[len(yb[epoch])](state, jax.tree.map(lambda a: a[epoch], (xb, yb)))
             losses.append(loss)
-        train_loss.append(float(_epoch_mean(np.asarray(jax.device_get(losses)), mask[epoch])))
+            sizes.append(len(yb[epoch]))
+        train_loss.append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it
         if cfg.validate:
             val_loss.append(float(evaluate(state[0], state[1], *test)[0]))
         if progress:
@@ -125,28 +129,25 @@ def _loop_driver(model, optimizer, state, train_xy, idx, mask, test, cfg, progre
     return state, train_loss, val_loss, compile_seconds, time.perf_counter() - start
 
 
-def _epoch_mean(losses, mask):
-    """Batch losses weighted by their real row counts: the epoch's mean training loss, as `fit` reports it."""
-    counts = mask.sum(axis=1)
-    return (losses * counts).sum() / counts.sum()
-
-
-def _scan_driver(model, optimizer, state, train_xy, idx, mask, test, cfg, progress):
-    step = make_step(model, optimizer)
-    evaluate = make_loss(model, training=False)
+def _scan_driver(step, evaluate, state, train_xy, orders, test, cfg, progress):
     x, y = train_xy
 
-    def epoch(state, plan):
-        idx_e, mask_e = plan
-        state, losses = jax.lax.scan(step, state, (take(x, idx_e), y[idx_e], mask_e))
+    def epoch(state, order):
+        full, rest = split_batches(order, cfg.batch_size)
+        state, losses = jax.lax.scan(step, state, (take(x, full), y[full]))
+        total = jnp.sum(losses) * cfg.batch_size
+        if rest.shape[0]:  # the short last batch: its own shape, as in fit
+            state, last = step(state, (take(x, rest), y[rest]))
+            total += last * rest.shape[0]
         val = evaluate(state[0], state[1], *test)[0] if cfg.validate else jnp.nan
-        return state, (_epoch_mean(losses, mask_e), val)
+        return state, (total / order.shape[0], val)
 
+    orders = jnp.asarray(orders)
     start = time.perf_counter()
-    fused = jax.jit(lambda s, i, m: jax.lax.scan(epoch, s, (i, m))).lower(state, idx, mask).compile()
+    fused = jax.jit(lambda s, o: jax.lax.scan(epoch, s, o)).lower(state, orders).compile()
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    state, (train_loss, val_loss) = jax.block_until_ready(fused(state, idx, mask))
+    state, (train_loss, val_loss) = jax.block_until_ready(fused(state, orders))
     seconds = time.perf_counter() - start
     if progress:
         progress(cfg.epochs, cfg.epochs)

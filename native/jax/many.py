@@ -24,7 +24,21 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.spec import TrainConfig
-from native.jax.loop import adam, make_loss
+
+
+def adam(cfg: TrainConfig) -> optax.GradientTransformation:
+    """optax's own Adam: each model trains alone here, never against `fit`, so the stock convention is kept."""
+    return optax.adam(cfg.learning_rate, b1=cfg.beta_1, b2=cfg.beta_2, eps=cfg.epsilon)
+
+
+def masked_mse(model):
+    """The mean squared error over the rows where mask is 1 (a model's window); zero for a batch with none."""
+
+    def loss_fn(trainable, x, y, mask):
+        pred, _ = model.stateless_call(trainable, [], x, training=True)
+        return jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
+
+    return loss_fn
 
 
 def init_params(model, key) -> list[jax.Array]:
@@ -57,12 +71,12 @@ def make_fit_one(model, cfg: TrainConfig):
     `key` draws the epochs' permutations; share it across models (vmap with `in_axes=None`) and every model sees
     the same batches, so a group's x is gathered once per epoch for all of its models.
     """
-    optimizer, loss_fn = adam(cfg), make_loss(model, training=True)  # the single-model loop's masked MSE
+    optimizer, loss_fn = adam(cfg), masked_mse(model)
 
     def step(carry, batch, rows):
         params, opt_state = carry
         xb, yb, index = batch
-        grads, _ = jax.grad(loss_fn, has_aux=True)(params, [], xb, yb, (index < rows).astype(xb.dtype))
+        grads = jax.grad(loss_fn)(params, xb, yb, (index < rows).astype(xb.dtype))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), None
 

@@ -2,9 +2,10 @@
 
     optimizer = optim.build(cfg)    # cfg.flavour: "exact" (the default) or "engine"
 
-"exact" is Keras's update, step for step, assembled from optax's own pieces:
-  Adam, AdamW  optax.adam / optax.adamw with ε injected per step as ε/sqrt(1 − β2^t). Keras's ε is the paper's
-               "epsilon hat": it is added to sqrt(v) before the bias correction, where optax adds its ε after.
+"exact" is Keras's update, step for step, as optax transformations:
+  Adam, AdamW  `keras_adam`, written op for op as keras.optimizers.Adam computes it. Keras's ε is the paper's
+               "epsilon hat": added to sqrt(v) before the bias correction, where optax adds its ε after (optax's ε
+               at step t would be Keras's ε / sqrt(1 − β2^t)). AdamW decays p by lr·wd before the step.
   SGD          optax.scale_by_learning_rate *then* optax.trace: Keras folds the rate into the momentum buffer
                (m = μm − lr·g, p += m); optax.sgd traces the raw gradient and scales after (b = μb + g, p −= lr·b).
                The two are equal under a constant rate, not under a schedule.
@@ -16,6 +17,8 @@
 "engine" is optax's stock optimizer, schedule and clip given the same numbers: the nearest equivalent.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,28 +42,62 @@ def clip_by_norm_each(max_norm: float) -> optax.GradientTransformation:
     return optax.stateless(lambda updates, params=None: jax.tree.map(one, updates))
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Keras's `global_clipnorm`: every gradient times c·min(1/‖all‖, 1/c) (optax's own rounds differently)."""
+
+    def scale(updates, params=None):
+        norm = jnp.sqrt(jnp.sum(jnp.stack([jnp.sum(jnp.square(g)) for g in jax.tree.leaves(updates)])))
+        factor = max_norm * jnp.minimum(1.0 / norm, 1.0 / max_norm)
+        return jax.tree.map(lambda g: g * factor, updates)
+
+    return optax.stateless(scale)
+
+
 def clip(cfg: TrainConfig) -> optax.GradientTransformation:
+    exact = cfg.flavour == "exact"
     if cfg.clipnorm is not None:
-        return clip_by_norm_each(cfg.clipnorm) if cfg.flavour == "exact" else optax.clip_by_global_norm(cfg.clipnorm)
+        return clip_by_norm_each(cfg.clipnorm) if exact else optax.clip_by_global_norm(cfg.clipnorm)
     if cfg.global_clipnorm is not None:
-        return optax.clip_by_global_norm(cfg.global_clipnorm)
+        return (clip_by_global_norm if exact else optax.clip_by_global_norm)(cfg.global_clipnorm)
     if cfg.clipvalue is not None:
         return optax.clip(cfg.clipvalue)
     return optax.identity()
 
 
-def epsilon_hat(cfg: TrainConfig):
-    """Keras's Adam ε as optax's: at step t (count t − 1), ε / sqrt(1 − β2^t)."""
-    return lambda count: cfg.epsilon / jnp.sqrt(1 - cfg.beta_2 ** (count + 1))
+class KerasAdamState(NamedTuple):
+    count: jax.Array
+    m: optax.Updates
+    v: optax.Updates
+
+
+def keras_adam(learning_rate, beta_1: float, beta_2: float, epsilon: float,
+               weight_decay: float | None = None) -> optax.GradientTransformation:
+    """Keras's Adam (AdamW with `weight_decay`) as an optax transformation, in Keras's float32 arithmetic."""
+
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return KerasAdamState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+    def update(grads, state, params):
+        lr = jnp.asarray(learning_rate(state.count) if callable(learning_rate) else learning_rate, jnp.float32)
+        t = (state.count + 1).astype(jnp.float32)
+        alpha = lr * jnp.sqrt(1 - jnp.power(jnp.float32(beta_2), t)) / (1 - jnp.power(jnp.float32(beta_1), t))
+        m = jax.tree.map(lambda m, g: m + (g - m) * (1 - beta_1), state.m, grads)
+        v = jax.tree.map(lambda v, g: v + (jnp.square(g) - v) * (1 - beta_2), state.v, grads)
+        step = jax.tree.map(lambda m, v: (m * alpha) / (jnp.sqrt(v) + epsilon), m, v)  # ε before the correction
+        if weight_decay:  # p ← (p − p·wd·lr) − step, given to optax as the difference it adds to p
+            updates = jax.tree.map(lambda p, s: (p - p * weight_decay * lr) - s - p, params, step)
+        else:
+            updates = jax.tree.map(jnp.negative, step)
+        return updates, KerasAdamState(state.count + 1, m, v)
+
+    return optax.GradientTransformation(init, update)
 
 
 def exact_rule(cfg: TrainConfig) -> optax.GradientTransformation:
     lr = keras_schedule(cfg)  # a float, or a Keras LearningRateSchedule: both are what optax takes
     if cfg.optimizer in ("adam", "adamw"):
-        options = dict(learning_rate=lr, b1=cfg.beta_1, b2=cfg.beta_2, eps=epsilon_hat(cfg))
-        if cfg.optimizer == "adamw":
-            return optax.inject_hyperparams(optax.adamw)(**options, weight_decay=cfg.decay)
-        return optax.inject_hyperparams(optax.adam)(**options)
+        return keras_adam(lr, cfg.beta_1, cfg.beta_2, cfg.epsilon, cfg.decay)
     if cfg.optimizer == "sgd":
         if not cfg.momentum:
             return optax.sgd(lr)

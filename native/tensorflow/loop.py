@@ -1,8 +1,10 @@
-"""The Keras model trained with `tf.GradientTape` inside one `tf.function` step and the Keras Adam's `apply`.
+"""The Keras model trained with `tf.GradientTape` inside one `tf.function` step and the Keras optimizer's `apply`.
 
     native-loops train --path tensorflow-native   # or, in your code: from native.tensorflow import loop
 
-The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
+TensorFlow's own optimizers are Keras's (`tf.keras.optimizers` is Keras 3), so this loop applies the spec's
+`keras.optimizers` object: both optimizer flavours are the same here. The loss is the spec's Keras loss plus
+`model.losses` (the regularizers). The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
 Batch order per epoch comes from `tf.random.experimental.stateless_shuffle` seeded by (config seed, epoch).
 """
 from __future__ import annotations
@@ -13,9 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
-from keras_side.spec import TrainConfig
-from keras_side.fit import adam
 from keras_side.models import ensure_built
+from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
 
 
 def _forward(model, x, training: bool):
@@ -26,18 +27,25 @@ def mse(y_true, y_pred):
     return tf.reduce_mean(tf.square(y_pred - y_true))
 
 
+def total_loss(model, loss_fn, x, y, training: bool):
+    """The objective `fit` minimizes: the spec's loss plus every loss the model adds (regularizers, `add_loss`)."""
+    loss = loss_fn(y, _forward(model, x, training=training))
+    extra = model.losses
+    return loss + tf.add_n(extra) if extra else loss
+
+
 def _spec(a: np.ndarray) -> tf.TensorSpec:
     return tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
 
 
-def make_step(model, optimizer, x: np.ndarray | tuple, y: np.ndarray):
+def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray):
     """`step(x, y) -> loss`, one trace for every batch size."""
     x_spec = tuple(map(_spec, x)) if isinstance(x, tuple) else _spec(x)
 
     @tf.function(input_signature=[x_spec, _spec(y)])
     def step(xb, yb):
         with tf.GradientTape() as tape:
-            loss = mse(yb, _forward(model, xb, training=True))
+            loss = total_loss(model, loss_fn, xb, yb, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
@@ -53,13 +61,13 @@ def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
-    """Adam + MSE over shuffled mini-batches; the validation loss after every epoch."""
+    """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch."""
     ensure_built(model, data.x_train)
-    optimizer = adam(cfg)
+    optimizer, loss_fn = keras_optimizer(cfg), keras_loss(cfg)
     optimizer.build(model.trainable_variables)
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
-    step = make_step(model, optimizer, x, y)
+    step = make_step(model, loss_fn, optimizer, x, y)
     step.get_concrete_function()  # trace and compile now, so training time is training
     compile_seconds = time.perf_counter() - start
     train_loss, val_loss = [], []
@@ -71,7 +79,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
             total += step(take_tf(x, idx), tf.gather(y, idx)) * tf.cast(tf.size(idx), tf.float32)
         train_loss.append(float(total) / data.n_train)
         if cfg.validate:
-            val_loss.append(float(mse(data.y_test, _forward(model, data.x_test, training=False))))
+            val_loss.append(float(total_loss(model, loss_fn, data.x_test, data.y_test, training=False)))
         if progress:
             progress(epoch + 1, cfg.epochs)
     seconds = time.perf_counter() - start

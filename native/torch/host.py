@@ -8,7 +8,8 @@ import torch
 
 
 class HostModel(torch.nn.Module):
-    """A plain torch module: the Keras HAR, then a torch `nn.Linear(1, 1)` that recalibrates its forecast."""
+    """A plain torch module: a Keras model (the HAR, or any one-output model), then a torch `nn.Linear(1, 1)` that
+    recalibrates its forecast."""
 
     def __init__(self, keras_model):
         super().__init__()
@@ -16,7 +17,9 @@ class HostModel(torch.nn.Module):
         self.calibrate = torch.nn.Linear(1, 1)
 
     def forward(self, x):
-        return self.calibrate(self.har(x))
+        # A Keras model reads `training` from its call, not from torch's `self.training`: pass it on, so that
+        # `host.train()` / `host.eval()` switch Dropout, GaussianNoise and BatchNorm as they do in a torch module.
+        return self.calibrate(self.har(x, training=self.training))
 
 
 def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> list[float]:

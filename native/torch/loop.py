@@ -1,12 +1,14 @@
-"""The Keras model trained as what it is on the torch backend: a `torch.nn.Module`, with `torch.optim.Adam`.
+"""The Keras model trained as what it is on the torch backend: a `torch.nn.Module`, with `torch.optim`.
 
     native-loops train --path torch-native   # or, in your code: from native.torch import loop
 
 Every Keras weight is a `torch.nn.Parameter` registered on the module, so `model.parameters()` is all torch needs.
 Do not reach for `torch.func.functional_call`: on a Keras model it silently trains nothing (keras-team/keras#20279).
+What `fit` adds, written out: the spec's Keras loss plus `model.losses` (the regularizers), the optimizer of the
+spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and the short last batch as it comes.
 
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop with the batch loss, the model's
-forward and the MSE, through `torch.compile`: one graph, no Keras Python per step, and a backward graph from
+forward and the loss, through `torch.compile`: one graph, no Keras Python per step, and a backward graph from
 AOTAutograd. It pays a one-off compile (seconds, reported apart) for a step about 1.5 times faster.
 """
 from __future__ import annotations
@@ -17,8 +19,9 @@ import numpy as np
 import torch
 
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
-from keras_side.spec import TrainConfig
 from keras_side.models import ensure_built
+from keras_side.spec import TrainConfig, keras_loss
+from native.torch import optim
 
 
 def _tensors(x, device):
@@ -36,6 +39,14 @@ def mse(y_true, y_pred):
     return torch.mean((y_pred - y_true) ** 2)
 
 
+def total_loss(model, loss_fn, x, y, training: bool):
+    """The objective `fit` minimizes: the spec's loss on the batch plus every loss the model adds (kernel, bias
+    and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call."""
+    loss = loss_fn(y, _forward(model, x, training=training))
+    extra = model.losses
+    return loss + sum(extra) if extra else loss
+
+
 def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     """One permutation per epoch, from a `torch.Generator` seeded by the config (or the shared NumPy ones)."""
     if cfg.batch_order == "numpy":
@@ -45,18 +56,17 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None) -> Result:
-    """Adam + MSE over shuffled mini-batches; the validation loss after every epoch. `compile=True` runs the batch
-    loss through `torch.compile`."""
+    """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
+    `compile=True` runs the batch loss through `torch.compile`."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     ensure_built(model, data.x_train)
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]  # the noise layer's seed is a frozen Parameter
-    # fused: one kernel updates every parameter (fewer Python calls per step than the default for-each path).
-    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
-                                 fused=True)
+    params = [p for p in model.parameters() if p.requires_grad]  # a layer's seed and BatchNorm's moving statistics
+    optimizer, scheduler, clip = optim.build(params, cfg)  # are frozen Parameters, updated by the layers themselves
+    loss_fn = keras_loss(cfg)
     x, y = _tensors(data.x_train, device), torch.as_tensor(data.y_train, device=device)
     x_test, y_test = _tensors(data.x_test, device), torch.as_tensor(data.y_test, device=device)
-    batch_loss = lambda xb, yb: mse(yb, _forward(model, xb, training=True))  # noqa: E731
+    batch_loss = lambda xb, yb: total_loss(model, loss_fn, xb, yb, training=True)  # noqa: E731
     if compile:
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
@@ -73,11 +83,15 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             loss = batch_loss(take(x_epoch, rows), y_epoch[rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if clip:
+                clip(params)  # Keras clips inside its optimizer; torch between backward and step
             optimizer.step()
+            if scheduler:
+                scheduler.step()  # once a batch: Keras's schedules count optimizer steps
             total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
         train_loss.append(total.item() / data.n_train)
         if cfg.validate:
-            val_loss.append(_evaluate(model, x_test, y_test))
+            val_loss.append(_evaluate(model, loss_fn, x_test, y_test))
         epoch_seconds.append(time.perf_counter() - start)
         if progress:
             progress(epoch + 1, cfg.epochs)
@@ -90,8 +104,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
 
 
 @torch.no_grad()
-def _evaluate(model, x, y) -> float:
-    return mse(y, _forward(model, x, training=False)).item()
+def _evaluate(model, loss_fn, x, y) -> float:
+    """The validation loss as `fit` reports it: the spec's loss plus the model's own losses, in inference mode."""
+    return total_loss(model, loss_fn, x, y, training=False).item()
 
 
 def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:

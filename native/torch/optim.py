@@ -4,14 +4,16 @@ flavours.
     optimizer, scheduler, clip = optim.build(params, cfg)     # cfg.flavour: "exact" (default) or "engine"
     loss.backward(); clip(params); optimizer.step(); scheduler.step()
 
-"exact" is Keras's update, step for step, in torch's optimizer API:
-  Adam, AdamW  torch.optim.Adam / AdamW (fused) with ε set per step to ε/sqrt(1 − β2^t). Keras's ε is the paper's
-               "epsilon hat", added to sqrt(v) before the bias correction; torch adds its ε after. AdamW decays
-               p by lr·wd before the step in both.
-  SGD          `KerasSGD`: the rate folded into the momentum buffer, m = μm − lr·g, p += m. torch.optim.SGD keeps
+"exact" is Keras's update as a `torch.optim.Optimizer`, written op for op as Keras's own optimizers compute it on
+this backend (keras/src/backend/torch/optimizers: `torch._foreach_*` in float32), so the loop steps as `fit` does
+to the last bit. Where torch's stock optimizer differs, and why:
+  Adam, AdamW  Keras's ε is the paper's "epsilon hat": added to sqrt(v) *before* the bias correction, where
+               torch adds its ε after (torch's ε at step t would be Keras's ε / sqrt(1 − β2^t)). Keras also
+               computes the bias corrections 1 − β^t in float32. AdamW decays p by lr·wd before the step in both.
+  SGD          Keras folds the rate into the momentum buffer, m = μm − lr·g, p += m; torch.optim.SGD keeps
                b = μb + g and steps −lr·b: equal under a constant rate, not under a schedule.
-  RMSprop      `KerasRMSprop`: ε inside the square root (torch: outside), the rate before the momentum.
-  Adagrad      `KerasAdagrad`: ε inside the square root (torch: outside).
+  RMSprop      ε inside the square root (torch: outside); the rate applied before the momentum.
+  Adagrad      ε inside the square root (torch: outside).
   schedule     `LambdaLR` over the Keras schedule object itself (a function of the step).
   clipnorm     each variable on its own (Keras); torch.nn.utils.clip_grad_norm_ clips them together, and adds 1e-6
                to the norm.
@@ -19,12 +21,12 @@ flavours.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.optim import lr_scheduler
 
 from keras_side.spec import SpecError, TrainConfig, keras_schedule
+
+F32 = torch.float32  # Keras keeps its rate, step count and betas as float32 tensors
 
 
 def build(params: list[torch.nn.Parameter], cfg: TrainConfig):
@@ -35,86 +37,112 @@ def build(params: list[torch.nn.Parameter], cfg: TrainConfig):
     return optimizer, scheduler, clip(cfg)
 
 
-class _EpsilonHat:
-    """Mixin for torch's Adam and AdamW: Keras's ε as torch's, ε/sqrt(1 − β2^t) at step t."""
+class _Keras(torch.optim.Optimizer):
+    """What every Keras-exact optimizer shares: its slots, the float32 rate and step, and the update loop."""
+
+    slots: tuple[str, ...] = ()
+
+    def _slot(self, p: torch.Tensor, name: str, group: dict) -> torch.Tensor:
+        fill = group.get("initial_accumulator_value", 0.0)
+        return self.state[p].setdefault(name, torch.full_like(p, fill))
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            group.setdefault("keras_epsilon", group["eps"])
-            group["keras_step"] = group.get("keras_step", 0) + 1
-            group["eps"] = group["keras_epsilon"] / math.sqrt(1 - group["betas"][1] ** group["keras_step"])
-        return super().step(closure)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            group["step"] = group.get("step", 0) + 1
+            slots = [[self._slot(p, name, group) for p in params] for name in self.slots]
+            lr = torch.tensor(group["lr"], dtype=F32)
+            self.update(params, [p.grad for p in params], *slots, lr=lr, group=group)
 
 
-class KerasAdam(_EpsilonHat, torch.optim.Adam):
-    """`torch.optim.Adam` that steps exactly as `keras.optimizers.Adam`."""
+class KerasAdam(_Keras):
+    """`keras.optimizers.Adam` (and AdamW with `weight_decay`) as a torch optimizer."""
+
+    slots = ("m", "v")
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-7, weight_decay: float | None = None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def update(self, params, grads, m, v, *, lr, group):
+        (b1, b2), eps, t = group["betas"], group["eps"], torch.tensor(group["step"], dtype=F32)
+        if group["weight_decay"]:  # AdamW: decay first, by the current rate times the decay
+            torch._foreach_mul_(params, 1 - group["weight_decay"] * lr)
+        alpha = lr * torch.sqrt(1 - torch.pow(torch.tensor(b2, dtype=F32), t)) / (
+            1 - torch.pow(torch.tensor(b1, dtype=F32), t))
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, grads, alpha=1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_add_(v, torch._foreach_mul(grads, grads), alpha=1 - b2)
+        # p −= α·m / (sqrt(v) + ε): ε meets sqrt(v) before the bias correction that α carries
+        step = torch._foreach_div(torch._foreach_mul(m, alpha), torch._foreach_add(torch._foreach_sqrt(v), eps))
+        torch._foreach_add_(params, step, alpha=-1)
 
 
-class KerasAdamW(_EpsilonHat, torch.optim.AdamW):
-    """`torch.optim.AdamW` that steps exactly as `keras.optimizers.AdamW`."""
+class KerasSGD(_Keras):
+    """`keras.optimizers.SGD`: m = μm − lr·g, then p += m (Nesterov: p += μm − lr·g); without momentum p −= lr·g."""
 
-
-class KerasSGD(torch.optim.Optimizer):
-    """Keras's SGD: m = μm − lr·g, then p += m (Nesterov: p += μm − lr·g); without momentum p −= lr·g."""
+    slots = ("momentum_buffer",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            lr, mu = group["lr"], group["momentum"]
-            for p in (p for p in group["params"] if p.grad is not None):
-                if not mu:
-                    p.sub_(p.grad * lr)
-                    continue
-                m = self.state[p].setdefault("momentum", torch.zeros_like(p))
-                m.mul_(mu).sub_(p.grad * lr)
-                p.add_(m * mu - p.grad * lr if group["nesterov"] else m)
+    def update(self, params, grads, buffers, *, lr, group):
+        mu, lr = group["momentum"], lr.item()
+        if not mu:
+            torch._foreach_add_(params, grads, alpha=-lr)
+            return
+        torch._foreach_mul_(buffers, mu)
+        torch._foreach_add_(buffers, grads, alpha=-lr)  # the rate goes into the buffer
+        if group["nesterov"]:
+            torch._foreach_add_(params, grads, alpha=-lr)
+            torch._foreach_add_(params, buffers, alpha=mu)
+        else:
+            torch._foreach_add_(params, buffers)
 
 
-class KerasRMSprop(torch.optim.Optimizer):
-    """Keras's RMSprop: v = ρv + (1 − ρ)g², step = lr·g/sqrt(v + ε); with momentum, m = μm + step, p −= m."""
+class KerasRMSprop(_Keras):
+    """`keras.optimizers.RMSprop`: v = ρv + (1 − ρ)g², step = lr·g / sqrt(v + ε); with momentum m = μm + step."""
+
+    slots = ("velocity", "momentum_buffer")
 
     def __init__(self, params, lr: float, rho: float = 0.9, momentum: float = 0.0, eps: float = 1e-7):
         super().__init__(params, dict(lr=lr, rho=rho, momentum=momentum, eps=eps))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            lr, rho, mu, eps = group["lr"], group["rho"], group["momentum"], group["eps"]
-            for p in (p for p in group["params"] if p.grad is not None):
-                v = self.state[p].setdefault("velocity", torch.zeros_like(p))
-                v.mul_(rho).add_(p.grad.square() * (1 - rho))
-                increment = p.grad * lr / torch.sqrt(v + eps)
-                if mu:
-                    m = self.state[p].setdefault("momentum", torch.zeros_like(p))
-                    increment = m.mul_(mu).add_(increment)
-                p.sub_(increment)
+    def update(self, params, grads, velocity, buffers, *, lr, group):
+        rho, mu = group["rho"], group["momentum"]
+        torch._foreach_mul_(velocity, rho)
+        torch._foreach_add_(velocity, torch._foreach_mul(grads, grads), alpha=1 - rho)
+        denominators = torch._foreach_add(velocity, group["eps"])  # ε inside the square root
+        torch._foreach_sqrt_(denominators)
+        increments = torch._foreach_div(torch._foreach_mul(grads, lr), denominators)
+        if mu:
+            torch._foreach_mul_(buffers, mu)
+            torch._foreach_add_(buffers, increments)
+            increments = buffers
+        torch._foreach_add_(params, increments, alpha=-1)
 
 
-class KerasAdagrad(torch.optim.Optimizer):
-    """Keras's Adagrad: a += g² (a starts at 0.1), p −= lr·g/sqrt(a + ε)."""
+class KerasAdagrad(_Keras):
+    """`keras.optimizers.Adagrad`: a += g² (a starts at 0.1), p −= lr·g / sqrt(a + ε)."""
+
+    slots = ("sum",)
 
     def __init__(self, params, lr: float, initial_accumulator_value: float = 0.1, eps: float = 1e-7):
         super().__init__(params, dict(lr=lr, initial_accumulator_value=initial_accumulator_value, eps=eps))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                a = self.state[p].setdefault("sum", torch.full_like(p, group["initial_accumulator_value"]))
-                a.add_(p.grad.square())
-                p.sub_(p.grad * group["lr"] / torch.sqrt(a + group["eps"]))
+    def update(self, params, grads, accumulators, *, lr, group):
+        torch._foreach_add_(accumulators, torch._foreach_mul(grads, grads))
+        step = torch._foreach_div(torch._foreach_mul(grads, lr),
+                                  torch._foreach_sqrt(torch._foreach_add(accumulators, group["eps"])))
+        torch._foreach_add_(params, step, alpha=-1)
 
 
 def exact_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
-    adam = dict(lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon, fused=True)
-    if cfg.optimizer == "adam":
-        return KerasAdam(params, **adam)
-    if cfg.optimizer == "adamw":
-        return KerasAdamW(params, **adam, weight_decay=cfg.decay)
+    if cfg.optimizer in ("adam", "adamw"):
+        return KerasAdam(params, cfg.learning_rate, (cfg.beta_1, cfg.beta_2), cfg.epsilon, cfg.decay)
     if cfg.optimizer == "sgd":
         return KerasSGD(params, cfg.learning_rate, cfg.momentum, cfg.nesterov)
     if cfg.optimizer == "rmsprop":
@@ -168,16 +196,16 @@ def engine_scheduler(optimizer, cfg: TrainConfig):
 
 
 def clip_each_norm_(params, max_norm: float) -> None:
-    """Keras's `clipnorm`: each gradient scaled down to norm `max_norm` on its own, in place."""
-    for p in (p for p in params if p.grad is not None):
-        p.grad.mul_(max_norm / torch.clamp(torch.linalg.vector_norm(p.grad), min=max_norm))
+    """Keras's `clipnorm`, in place: each gradient g becomes g·c / max(‖g‖, c) on its own."""
+    for g in (p.grad for p in params if p.grad is not None):
+        g.copy_(g * max_norm / torch.clamp(torch.sqrt(torch.sum(torch.square(g))), min=max_norm))
 
 
 def clip_global_norm_(params, max_norm: float) -> None:
-    """Keras's `global_clipnorm`: every gradient scaled by max_norm / max(global norm, max_norm), in place."""
+    """Keras's `global_clipnorm`, in place: every gradient times c·min(1/‖all‖, 1/c)."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    torch._foreach_mul_(grads, max_norm / torch.clamp(norm, min=max_norm))
+    norm = torch.sqrt(torch.sum(torch.stack([torch.sum(torch.square(g)) for g in grads])))
+    torch._foreach_mul_(grads, max_norm * torch.minimum(1.0 / norm, torch.tensor(1.0 / max_norm)))
 
 
 def clip(cfg: TrainConfig):

@@ -122,3 +122,45 @@ def test_train_command_prints_the_path_against_ols(capsys):
     assert cli.main(["train", "--path", f"{ENGINE}-native", "--epochs", "2"]) == 0
     text = capsys.readouterr().out
     assert f"{ENGINE}-native" in text and "OLS" in text and "test MSE" in text
+
+
+def test_flat_targets_train_as_column_targets(har):
+    """Targets of shape (n,) go through the spec's Keras loss, which shapes them as `fit` does: the same training
+    as (n, 1), never an (n, n) broadcast."""
+    from dataclasses import replace
+
+    flat_y = replace(har, y_train=har.y_train[:, 0], y_test=har.y_test[:, 0])
+    column, flat_targets = run(har), run(har, data=flat_y)
+    np.testing.assert_array_equal(flat(column.weights), flat(flat_targets.weights))
+    assert flat_targets.val_loss == column.val_loss
+
+
+def test_regularizers_are_part_of_the_objective(har):
+    """`model.losses` is in the loss the loop minimizes: the L2 model's weights shrink against the plain MLP's."""
+    from keras_side.zoo import ZOO
+
+    seed_everything(0)
+    model = models.ensure_built(ZOO["mlp_l2"].builder()(), har.x_train)
+    seed_everything(0)
+    plain = models.ensure_built(models.mlp_sequential(), har.x_train)
+    plain.set_weights(model.get_weights())
+    loop.train(model, har, QUICK.replace(batch_order="numpy"))
+    loop.train(plain, har, QUICK.replace(batch_order="numpy"))
+    assert np.sum(model.get_weights()[0] ** 2) < 0.9 * np.sum(plain.get_weights()[0] ** 2)
+
+
+def test_a_bias_before_batchnorm_has_no_gradient_yet_adam_moves_it(har):
+    """BatchNorm subtracts the batch mean, so a bias just before it has a true-zero gradient: what autograd returns
+    is rounding noise. Adam divides by the root of its own square, so it steps on that noise as on a signal, held
+    back only by ε: the bias drifts thousands of times further than gradient descent would take it, and two correct
+    loops part on it (the zoo's BatchNorm MLP has no such bias)."""
+    seed_everything(0)
+    model = models.ensure_built(models.bn_mlp(use_bias=True), har.x_train)
+    kernel, bias = loop.grad_at(model, har.x_train[:256], har.y_train[:256], training=True)[:2]
+    assert np.max(np.abs(bias)) < 1e-6 * np.max(np.abs(kernel))
+    cfg = TrainConfig(epochs=1, batch_order="numpy")
+    loop.train(model, har, cfg)
+    gradient_descent = cfg.learning_rate * np.max(np.abs(bias)) * -(-har.n_train // cfg.batch_size)
+    drift = np.max(np.abs(model.get_weights()[1]))
+    print(f"{ENGINE}: bias gradient {np.max(np.abs(bias)):.1e}, drift {drift:.1e} ({drift / gradient_descent:.0e}×)")
+    assert drift > 1e3 * gradient_descent

@@ -5,10 +5,11 @@ import numpy as np
 from compare.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.config import take
-from keras_side.spec import TrainConfig
+from keras_side.spec import TrainConfig, keras_loss
 from keras_side.determinism import seed_everything
 from native.jax import host as jax_host
 from native.jax import loop as jax_loop
+from native.jax import optim
 from tests.native.loops import flat
 
 
@@ -25,29 +26,29 @@ def test_scan_driver_equals_python_loop(har):
     np.testing.assert_allclose(scan.train_loss, loop.train_loss, rtol=1e-5)
 
 
-def test_step_does_not_recompile(har):
+def test_step_compiles_once_per_batch_shape(har):
+    """Full batches and the short last one: two shapes, two compilations, however many epochs."""
     cfg = TrainConfig(epochs=2)
     seed_everything(0)
     model = models.har()
-    optimizer = jax_loop.adam(cfg)
-    step = jax_loop.make_step(model, optimizer)
+    optimizer = optim.build(cfg)
+    step = jax_loop.make_step(model, keras_loss(cfg), optimizer)
     state = jax_loop.init_state(model, optimizer)
-    idx, mask = jax_loop.batch_plan(cfg, har.n_train)
     x, y = jnp.asarray(har.x_train), jnp.asarray(har.y_train)
-    for epoch in range(cfg.epochs):  # every batch, the short padded last one included
-        for b in range(idx.shape[1]):
-            state, _ = step(state, (take(x, idx[epoch, b]), y[idx[epoch, b]], mask[epoch, b]))
-    assert step._cache_size() == 1
+    for order in jax_loop.batch_orders(cfg, har.n_train):
+        full, rest = jax_loop.split_batches(order, cfg.batch_size)
+        for rows in [*full, rest]:
+            state, _ = step(state, (take(x, rows), y[rows]))
+    assert har.n_train % cfg.batch_size and step._cache_size() == 2
 
 
-def test_batch_plan_masks_only_the_padding(har):
+def test_batches_cover_every_row_once_with_no_padding(har):
     cfg = TrainConfig(epochs=3)
-    idx, mask = jax_loop.batch_plan(cfg, har.n_train)
-    assert idx.shape == mask.shape == (3, -(-har.n_train // 128), 128)
-    assert int(mask.sum()) == 3 * har.n_train
-    for epoch in range(3):  # each epoch is a permutation of every row
-        rows = np.asarray(idx[epoch]).ravel()[np.asarray(mask[epoch]).ravel() == 1]
-        assert sorted(rows) == list(range(har.n_train))
+    orders = jax_loop.batch_orders(cfg, har.n_train)
+    for order in orders:
+        full, rest = jax_loop.split_batches(order, cfg.batch_size)
+        assert full.shape == (har.n_train // 128, 128) and rest.shape == (har.n_train % 128,)
+        assert sorted(np.concatenate([np.ravel(full), rest])) == list(range(har.n_train))
 
 
 def test_noise_seed_state_is_threaded_and_written_back(har):

@@ -1,18 +1,17 @@
 import numpy as np
 
 from keras_side import models
-from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
-from keras_side.fit import adam
+from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
 from native.tensorflow import loop as tf_loop
 
 
 def test_step_traces_once_for_every_batch_size(har):
     seed_everything(0)
     model = models.har()
-    optimizer = adam(TrainConfig())
+    optimizer = keras_optimizer(TrainConfig())
     optimizer.build(model.trainable_variables)
-    step = tf_loop.make_step(model, optimizer, har.x_train, har.y_train)
+    step = tf_loop.make_step(model, keras_loss(TrainConfig()), optimizer, har.x_train, har.y_train)
     for rows in (slice(0, 128), slice(128, 256), slice(0, 37)):
         step(har.x_train[rows], har.y_train[rows])
     assert step.experimental_get_tracing_count() == 1

@@ -80,3 +80,40 @@ def test_keras_part_of_a_torch_host_trains_and_moves_to_jax(har, tmp_path):
     with torch.no_grad():
         here = host.har(torch.as_tensor(har.x_test)).numpy()
     np.testing.assert_allclose(np.load(out), here, atol=PORTABLE_ATOL, rtol=0)
+
+
+def test_host_train_and_eval_reach_the_keras_model():
+    """`host.train()` turns the Keras model's Dropout on, `host.eval()` off, as for any torch submodule."""
+    seed_everything(0)
+    host = torch_host.HostModel(models.dropout_mlp(seed=None))
+    x = torch.ones(64, 3)
+    with torch.no_grad():
+        host.train()
+        assert not torch.equal(host(x), host(x))  # a new dropout mask each call
+        host.eval()
+        assert torch.equal(host(x), host(x))
+        np.testing.assert_array_equal(host(x).numpy(), host.calibrate(host.har(x, training=False)).numpy())
+
+
+def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_from(har):
+    """Why the zoo seeds its Dropout: unseeded, Keras on torch takes `torch.nn.functional.dropout` on torch's
+    global generator, and `fit`'s DataLoader draws from it too (two int64 draws an epoch, measured). Make the same
+    two draws before the native loop's epoch and its masks, hence its weights, are `fit`'s to the bit."""
+    import keras
+
+    from keras_side import fit
+
+    cfg = TrainConfig(epochs=1, batch_order="numpy", validate=False)
+
+    def trained(train, draws=0):
+        keras.backend.clear_session()
+        seed_everything(0)
+        model = models.ensure_built(models.dropout_mlp(seed=None), har.x_train)
+        for _ in range(draws):
+            torch.empty((), dtype=torch.int64).random_()
+        train(model, har, cfg)
+        return flat(model.get_weights())
+
+    want = trained(fit.train)
+    assert np.max(np.abs(trained(torch_loop.train) - want)) > 1e-3
+    np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)

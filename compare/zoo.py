@@ -1,0 +1,144 @@
+"""`native-loops zoo`: every zoo model × optimizer setting, trained by `fit` and by each native loop from the same
+weights and the same batches, and how far apart they end.
+
+    cells = zoo.run(panel, models=["bn_mlp"], engines=["jax"], optimizers=["adam"], folder=tmp)
+
+A cell is (model, engine, path, optimizer): the largest absolute gap between the weights `fit` ends at and the
+weights the path ends at (every weight, BatchNorm's moving statistics included), after `epochs` epochs of the shared
+NumPy batch order. Paths, the three levels of unpacking: "train-step" (`fit` running our own `train_step`,
+`native/<engine>/train_step.py`), "native" (the engine's loop with the Keras-exact optimizer), both judged against
+`ZOO_ATOL`; and "native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it
+differs by convention; TensorFlow has no optimizers but Keras's).
+`train_cells` runs inside an engine's worker; the rest runs in the referee.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from compare import data as har_data
+from compare import runner
+from compare.errors import NativeLoopsError
+from compare.tolerances import ZOO_ATOL
+from keras_side.config import HarData, take, versions
+from keras_side.zoo import OPTIMIZERS, ZOO
+
+MODELS = tuple(ZOO)
+PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine"}  # path -> optimizer flavour
+ZOO_EPOCHS = 3
+
+
+def _parse(text: str | None, known: tuple[str, ...], what: str) -> list[str]:
+    if text is None:
+        return list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise NativeLoopsError(f"unknown {what}(s) {', '.join(unknown) or '(none)'}; --{what}s takes a "
+                               f"comma-separated list of {', '.join(known)}")
+    return names
+
+
+def parse_models(text: str | None) -> list[str]:
+    return _parse(text, MODELS, "model")
+
+
+def parse_optimizers(text: str | None) -> list[str]:
+    return _parse(text, tuple(OPTIMIZERS), "optimizer")
+
+
+def _first_rows(data: HarData, rows: int | None) -> HarData:
+    if rows is None or rows >= data.n_train:
+        return data
+    keep = slice(0, rows)
+    return HarData(take(data.x_train, keep), data.y_train[keep], data.x_test, data.y_test, data.scaling,
+                   data.features, data.asset, data.source)
+
+
+def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,
+        epochs: int = ZOO_EPOCHS, rows: int | None = None, seed: int = 0, asset: str = har_data.DEFAULT_ASSET,
+        split: str = har_data.DEFAULT_SPLIT, end: str | None = None, on_cell=lambda cell: None) -> dict:
+    """Every cell on every engine; `rows` trains on the first rows only (the fast subset). Returns zoo.json."""
+    kinds = sorted({ZOO[m].data for m in models})
+    files = {}
+    for kind in kinds:
+        files[kind] = str(folder / f"zoo-{kind}.npz")
+        _first_rows(har_data.prepare_kind(panel, kind, asset=asset, split=split, end=end), rows).save(files[kind])
+    cells = []
+
+    def on_event(engine: str, event: dict) -> None:
+        if event.get("event") == "cell":
+            cell = {k: v for k, v in event.items() if k != "event"}
+            cells.append(cell)
+            on_cell(cell)
+
+    request = {"models": models, "optimizers": optimizers, "data": files, "epochs": epochs, "seed": seed}
+    start = time.perf_counter()
+    with runner.Pool(engines, folder, jobs=1) as pool:
+        pool.each("zoo", lambda e: request, on_event)
+    return {"tolerance": ZOO_ATOL, "epochs": epochs, "rows": rows, "seed": seed, "versions": versions(),
+            "seconds": time.perf_counter() - start, "cells": cells, "incomplete": dict(pool.failed)}
+
+
+def passed(report: dict) -> bool:
+    """Every judged cell within tolerance, and every engine complete."""
+    judged = [c for c in report["cells"] if c["judged"]]
+    return bool(judged) and all(c["passed"] for c in judged) and not report["incomplete"]
+
+
+# ---- inside an engine's worker -------------------------------------------------------------------------------
+
+
+def train_cells(request: dict, send) -> dict:
+    """Train every (model, optimizer) with `fit` and each native path from the same weights; send each cell."""
+    import keras
+
+    from compare import paths
+    from keras_side import fit
+    from keras_side.determinism import seed_everything
+    from keras_side.models import ensure_built
+    from keras_side.spec import TrainConfig
+
+    engine = keras.config.backend()
+    trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": paths.loop(engine).train,
+                "native-engine": paths.loop(engine).train}
+    own = [p for p in PATHS if not (engine == "tensorflow" and PATHS[p] == "engine")]
+    for name in request["models"]:
+        entry = ZOO[name]
+        data = HarData.load(request["data"][entry.data])
+        for optimizer in request["optimizers"]:
+            cfg = TrainConfig(epochs=request["epochs"], seed=request["seed"], batch_order="numpy", validate=False,
+                              **entry.spec, **OPTIMIZERS[optimizer])
+
+            def trained(train, cfg=cfg):
+                keras.backend.clear_session()  # the same layer names, so weight paths read the same
+                seed_everything(cfg.seed)
+                model = ensure_built(entry.builder()(), data.x_train)
+                train(model, data, cfg)
+                return [v.path for v in model.weights], model.get_weights()
+
+            names, want = trained(fit.train)
+            for path in own:
+                cell = {"model": name, "engine": engine, "path": path, "optimizer": optimizer, "flavour": PATHS[path],
+                        "tolerance": ZOO_ATOL, "judged": PATHS[path] != "engine", "seed": cfg.seed}
+                flavour = "engine" if PATHS[path] == "engine" else "exact"
+                try:
+                    _, got = trained(lambda m, d, c: trainers[path](m, d, c.replace(flavour=flavour)))
+                    cell |= _gap(names, got, want)
+                except Exception as err:  # a spec this path cannot honour: the cell says so and fails
+                    cell |= {"gap": float("nan"), "worst": "", "error": f"{type(err).__name__}: {err}"}
+                cell["passed"] = bool(cell["gap"] <= ZOO_ATOL)
+                send(event="cell", **cell)
+    return {}
+
+
+def _gap(names: list[str], got: list[np.ndarray], want: list[np.ndarray]) -> dict:
+    """The largest |got − want| over every weight, and the weight where it is."""
+    gaps = [float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)), initial=0.0))
+            for g, w in zip(got, want, strict=True)]
+    worst = int(np.argmax(gaps))
+    return {"gap": gaps[worst], "worst": names[worst]}
+

@@ -1,0 +1,63 @@
+"""The middle path on JAX: `fit` runs the loop (batching, callbacks, history), the training step is ours.
+
+    native-loops train --path keras-jax-train-step   # or: from native.jax import train_step
+
+As in the Keras guide "Customizing what happens in fit() with JAX": `train_step(state, data)` is pure. It takes
+`jax.value_and_grad` of a loss over `stateless_call`, steps the compiled Keras optimizer through its stateless API,
+and returns the new state; Keras jits it and threads the state. `OwnStep` wraps any Keras model (same weights, same
+call), so the zoo's models need no subclass of their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import keras
+
+from keras_side import fit
+from keras_side.config import HarData, Result
+from keras_side.spec import TrainConfig
+
+
+class OwnStep(keras.Model):
+    """Any Keras model, trained by `fit` with the step below."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__(name=f"{model.name}_own_step")
+        self.inner = model
+
+    def call(self, x, training=None):
+        return self.inner(x, training=training)
+
+    def loss_and_state(self, trainable, non_trainable, x, y):
+        y_pred, non_trainable, losses = self.stateless_call(trainable, non_trainable, x, training=True,
+                                                            return_losses=True)
+        loss = self.loss(y, y_pred)  # the compiled loss (the spec's), plus the regularizers as fit adds them
+        return (loss + sum(losses) if losses else loss), non_trainable
+
+    def train_step(self, state, data):
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y = data[:2]
+        grad_fn = jax.value_and_grad(self.loss_and_state, has_aux=True)
+        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
+        trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        logs, metrics_variables = report(self, metrics_variables, loss, y)
+        return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
+
+
+def report(model: keras.Model, metrics_variables, loss, y):
+    """The epoch's mean loss, weighted by batch size as `fit` reports it, through the metrics' stateless API."""
+    logs, updated = {}, []
+    for metric in model.metrics:
+        own = metrics_variables[len(updated): len(updated) + len(metric.variables)]
+        if metric.name == "loss":
+            own = metric.stateless_update_state(own, loss, sample_weight=y.shape[0])
+        logs[metric.name] = metric.stateless_result(own)
+        updated += list(own)
+    return logs, updated
+
+
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+    """`fit` (compiled from the spec) with our `train_step`; the trained weights are in `model` afterwards."""
+    result = fit.train(OwnStep(model), data, cfg, progress=progress)
+    return dataclasses.replace(result, path="keras-jax-train-step")

@@ -1,0 +1,56 @@
+"""The middle path on torch: `fit` runs the loop (batching, callbacks, history), the training step is ours.
+
+    native-loops train --path keras-torch-train-step   # or: from native.torch import train_step
+
+As in the Keras guide "Customizing what happens in fit() with PyTorch": `train_step` computes the loss, calls
+`backward()` and hands the gradients to the compiled Keras optimizer. `OwnStep` wraps any Keras model (same weights,
+same call), so the zoo's models need no subclass of their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import torch
+
+from keras_side import fit
+from keras_side.config import HarData, Result
+from keras_side.spec import TrainConfig
+
+
+class OwnStep(keras.Model):
+    """Any Keras model, trained by `fit` with the step below."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__(name=f"{model.name}_own_step")
+        self.inner = model
+
+    def call(self, x, training=None):
+        return self.inner(x, training=training)
+
+    def train_step(self, data):
+        x, y = data[:2]
+        y_pred = self(x, training=True)
+        loss = self.loss(y, y_pred)  # the compiled loss (the spec's) ...
+        if self.losses:
+            loss = loss + sum(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
+        self.zero_grad()
+        loss.backward()
+        variables = self.trainable_weights
+        with torch.no_grad():
+            self.optimizer.apply([v.value.grad for v in variables], variables)
+        return report(self, loss, y)
+
+
+def report(model: keras.Model, loss, y) -> dict:
+    """The epoch's mean loss, weighted by batch size as `fit` reports it (Keras resets the metric each epoch)."""
+    for metric in model.metrics:
+        if metric.name == "loss":
+            metric.update_state(loss, sample_weight=len(y))
+    return {m.name: m.result() for m in model.metrics}
+
+
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+    """`fit` (compiled from the spec) with our `train_step`; the trained weights are in `model` afterwards."""
+    result = fit.train(OwnStep(model), data, cfg, progress=progress)
+    return dataclasses.replace(result, path="keras-torch-train-step")

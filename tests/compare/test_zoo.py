@@ -1,0 +1,65 @@
+"""`native-loops zoo`: a fast subset of the matrix (every model, few rows, one epoch) on every installed engine;
+bad options are one-line errors that write nothing. `native-loops zoo` with no options runs the full matrix."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from compare import cli, synthetic, zoo
+from compare.tolerances import ZOO_ATOL
+from keras_side.backend import installed_engines
+from keras_side.zoo import OPTIMIZERS, ZOO
+
+FAST = ["--rows", "300", "--epochs", "1"]  # three batches, the last one short: every model, every engine in ~1 min
+
+
+def run_cli(args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["zoo", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def every_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("zoo") / "run"
+    code, text, _ = run_cli([*FAST, "--optimizers", "adam", "--out", str(folder)])
+    return code, folder, json.loads((folder / "zoo.json").read_text()), text
+
+
+def test_every_model_on_every_engine_ends_where_fit_ends(every_model):
+    code, folder, report, text = every_model
+    assert code == 0, [c for c in report["cells"] if c["judged"] and not c["passed"]]
+    engines = installed_engines()
+    paths = {"torch": 3, "jax": 3, "tensorflow": 2}  # TensorFlow's optimizers are Keras's: no stock flavour
+    assert len(report["cells"]) == len(ZOO) * sum(paths[e] for e in engines)
+    judged = [c for c in report["cells"] if c["judged"]]
+    assert {(c["model"], c["engine"], c["path"]) for c in judged} == {
+        (m, e, p) for m in ZOO for e in engines for p in ("train-step", "native")}
+    assert all(c["gap"] <= ZOO_ATOL and c["tolerance"] == ZOO_ATOL for c in judged)
+    assert report["seed"] == 0 and report["versions"]["keras"] == "3.15.1" and report["incomplete"] == {}
+    assert (folder / "zoo.png").stat().st_size > 0 and not list(folder.glob("*.npz"))
+    assert "judged cells within" in text and "bn_mlp" in text
+
+
+def test_every_optimizer_setting_on_two_models(tmp_path):
+    """Each optimizer, schedule and clip of the zoo, on a linear and a regularized model."""
+    report = zoo.run(synthetic.simulate(0), models=["har", "mlp_l2"], engines=installed_engines(),
+                     optimizers=list(OPTIMIZERS), folder=tmp_path, epochs=1, rows=300)
+    judged = [c for c in report["cells"] if c["judged"]]
+    assert len(judged) == 2 * len(OPTIMIZERS) * 2 * len(installed_engines())
+    assert zoo.passed(report), [c for c in judged if not c["passed"]]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "har,resnet"], "unknown model(s) resnet"),
+    (["--optimizers", "lion"], "unknown optimizer(s) lion"),
+    (["--rows", "0"], "--rows must be at least 1"),
+    (["--epochs", "0"], "--epochs must be at least 1"),
+    (["--engines", "torch,mxnet"], "unknown engine(s) mxnet"),
+], ids=["model", "optimizer", "rows", "epochs", "engine"])
+def test_bad_options_are_one_line_and_write_nothing(tmp_path, args, message):
+    code, out, err = run_cli([*args, "--out", str(tmp_path / "run")])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() and out == ""
