@@ -43,8 +43,10 @@ class _Keras(torch.optim.Optimizer):
     slots: tuple[str, ...] = ()
 
     def _slot(self, p: torch.Tensor, name: str, group: dict) -> torch.Tensor:
-        fill = group.get("initial_accumulator_value", 0.0)
-        return self.state[p].setdefault(name, torch.full_like(p, fill))
+        state = self.state[p]
+        if name not in state:
+            state[name] = torch.full_like(p, group.get("initial_accumulator_value", 0.0))
+        return state[name]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -54,8 +56,14 @@ class _Keras(torch.optim.Optimizer):
                 continue
             group["step"] = group.get("step", 0) + 1
             slots = [[self._slot(p, name, group) for p in params] for name in self.slots]
-            lr = torch.tensor(group["lr"], dtype=F32)
-            self.update(params, [p.grad for p in params], *slots, lr=lr, group=group)
+            self.update(params, [p.grad for p in params], *slots, lr=self._float32("lr", group["lr"]), group=group)
+
+    def _float32(self, name: str, value: float) -> torch.Tensor:
+        """`value` as a float32 scalar tensor, made again only when it changes (a new tensor costs a few µs)."""
+        cache = self.__dict__.setdefault("_scalars", {})
+        if name not in cache or cache[name][0] != value:
+            cache[name] = (value, torch.tensor(value, dtype=F32))
+        return cache[name][1]
 
 
 class KerasAdam(_Keras):
@@ -67,11 +75,11 @@ class KerasAdam(_Keras):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def update(self, params, grads, m, v, *, lr, group):
-        (b1, b2), eps, t = group["betas"], group["eps"], torch.tensor(group["step"], dtype=F32)
+        (b1, b2), eps = group["betas"], group["eps"]
+        t = self._float32("step", float(group["step"]))
         if group["weight_decay"]:  # AdamW: decay first, by the current rate times the decay
             torch._foreach_mul_(params, 1 - group["weight_decay"] * lr)
-        alpha = lr * torch.sqrt(1 - torch.pow(torch.tensor(b2, dtype=F32), t)) / (
-            1 - torch.pow(torch.tensor(b1, dtype=F32), t))
+        alpha = lr * torch.sqrt(1 - torch.pow(self._float32("b2", b2), t)) / (1 - torch.pow(self._float32("b1", b1), t))
         torch._foreach_mul_(m, b1)
         torch._foreach_add_(m, grads, alpha=1 - b1)
         torch._foreach_mul_(v, b2)

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
@@ -117,3 +118,16 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
     want = trained(fit.train)
     assert np.max(np.abs(trained(torch_loop.train) - want)) > 1e-3
     np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
+
+
+@pytest.mark.parametrize("name", sorted(torch_loop.TORCH_LOSSES))
+def test_losses_written_in_torch_are_keras_losses_to_the_bit(name):
+    """The eager loop's MSE and MAE in plain torch (for speed) against the Keras Loss object `fit` compiles with."""
+    from keras_side.spec import keras_loss
+
+    rng = np.random.default_rng(0)
+    y_true, y_pred = (torch.as_tensor(rng.normal(size=(257, 1)).astype(np.float32)) for _ in range(2))
+    cfg = TrainConfig(loss=name)
+    want = keras_loss(cfg)(y_true, y_pred)
+    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
+    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
