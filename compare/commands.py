@@ -188,10 +188,11 @@ def zoo(args: argparse.Namespace) -> int:
     for kind in {zoo_matrix.ZOO[m].data for m in models}:  # bad --asset/--split/--end stop here, before any worker
         har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end)
     out = Path(args.out) if args.out else default_out()
-    with atomic_folder(out) as tmp:
+    cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e)) for e in engines)
+    with atomic_folder(out) as tmp, report.cell_progress(cells) as on_cell:
         found = zoo_matrix.run(panel, models=models, engines=engines, optimizers=optimizers, folder=tmp,
                                epochs=cfg.epochs, rows=args.rows, seed=cfg.seed, asset=args.asset, split=args.split,
-                               end=args.end)
+                               end=args.end, on_cell=on_cell)
         report.print_zoo(found)
         write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers})
         figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])

@@ -136,6 +136,19 @@ def progress(engines: list[str]):
         yield on_event
 
 
+@contextmanager
+def cell_progress(total: int):
+    """One bar over the zoo's cells, naming the last one done; yields the handler for each finished cell."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(), transient=False) as bar:
+        task = bar.add_task("zoo: starting", total=total)
+
+        def on_cell(cell: dict) -> None:
+            bar.update(task, advance=1, description=f"zoo: {cell['engine']} {cell['model']} {cell['optimizer']}")
+
+        yield on_cell
+
+
 def print_bench(timings: dict, targets) -> None:
     table = Table("path", "median ms", "min ms", "compile ms", "µs/step", "× vs fit", "× vs NumPy",
                   title=f"training time, {timings['steps']} Adam steps, median of {timings['repeats']}",

@@ -31,6 +31,11 @@ PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine"}  #
 ZOO_EPOCHS = 3
 
 
+def paths_on(engine: str) -> list[str]:
+    """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's)."""
+    return [p for p in PATHS if not (engine == "tensorflow" and PATHS[p] == "engine")]
+
+
 def _parse(text: str | None, known: tuple[str, ...], what: str) -> list[str]:
     if text is None:
         return list(known)
@@ -105,7 +110,7 @@ def train_cells(request: dict, send) -> dict:
     engine = keras.config.backend()
     trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": paths.loop(engine).train,
                 "native-engine": paths.loop(engine).train}
-    own = [p for p in PATHS if not (engine == "tensorflow" and PATHS[p] == "engine")]
+    own = paths_on(engine)
     for name in request["models"]:
         entry = ZOO[name]
         data = HarData.load(request["data"][entry.data])

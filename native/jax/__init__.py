@@ -1,1 +1,2 @@
-"""jax: the native loop (`loop`), the Keras-exact and engine-own optimizers (`optim`), many models at once (`many`), embedding in a host program (`host`)."""
+"""jax: the native loop (`loop`), its optimizers (`optim`), `fit` with our own step (`train_step`), many
+models at once (`many`), embedding in a host program (`host`)."""

@@ -7,7 +7,8 @@
                "epsilon hat": added to sqrt(v) before the bias correction, where optax adds its ε after (optax's ε
                at step t would be Keras's ε / sqrt(1 − β2^t)). AdamW decays p by lr·wd before the step.
   SGD          optax.scale_by_learning_rate *then* optax.trace: Keras folds the rate into the momentum buffer
-               (m = μm − lr·g, p += m); optax.sgd traces the raw gradient and scales after (b = μb + g, p −= lr·b).
+               (m = μm − lr·g, p += m); optax.sgd traces the raw gradient and scales after (b = μb + g,
+               p −= lr·b).
                The two are equal under a constant rate, not under a schedule.
   RMSprop      optax.rmsprop: ε inside the square root and the rate applied before the momentum, as in Keras.
   Adagrad      optax.adagrad: ε inside the square root, accumulator starting at 0.1, as in Keras.

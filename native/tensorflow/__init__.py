@@ -1,1 +1,1 @@
-"""tensorflow: the native loop (`loop`), the Keras-exact and engine-own optimizers (`optim`)."""
+"""tensorflow: the native loop (`loop`) and `fit` with our own step (`train_step`); its optimizers are Keras's."""

@@ -4,7 +4,8 @@
 
 TensorFlow's own optimizers are Keras's (`tf.keras.optimizers` is Keras 3), so this loop applies the spec's
 `keras.optimizers` object: both optimizer flavours are the same here. The loss is the spec's Keras loss plus
-`model.losses` (the regularizers). The step is traced once: its input signature leaves the batch dimension open, so the short last batch reuses it.
+`model.losses` (the regularizers). The step is traced once: its input signature leaves the batch dimension
+open, so the short last batch reuses it.
 Batch order per epoch comes from `tf.random.experimental.stateless_shuffle` seeded by (config seed, epoch).
 """
 from __future__ import annotations

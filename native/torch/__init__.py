@@ -1,1 +1,2 @@
-"""torch: the native loop (`loop`), the Keras-exact and engine-own optimizers (`optim`), many models at once (`many`), embedding in a host program (`host`)."""
+"""torch: the native loop (`loop`), its optimizers (`optim`), `fit` with our own step (`train_step`), many
+models at once (`many`), embedding in a host program (`host`)."""

@@ -90,7 +90,7 @@ class KerasAdam(_Keras):
 
 
 class KerasSGD(_Keras):
-    """`keras.optimizers.SGD`: m = μm − lr·g, then p += m (Nesterov: p += μm − lr·g); without momentum p −= lr·g."""
+    """`keras.optimizers.SGD`: m = μm − lr·g, then p += m (Nesterov: p += μm − lr·g); else p −= lr·g."""
 
     slots = ("momentum_buffer",)
 
@@ -112,7 +112,7 @@ class KerasSGD(_Keras):
 
 
 class KerasRMSprop(_Keras):
-    """`keras.optimizers.RMSprop`: v = ρv + (1 − ρ)g², step = lr·g / sqrt(v + ε); with momentum m = μm + step."""
+    """`keras.optimizers.RMSprop`: v = ρv + (1 − ρ)g², step = lr·g / sqrt(v + ε); momentum: m = μm + step."""
 
     slots = ("velocity", "momentum_buffer")
 
