@@ -84,8 +84,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     ensure_built(model, data.x_train)
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]  # a layer's seed and BatchNorm's moving statistics
-    optimizer, scheduler, clip = optim.build(params, cfg)  # are frozen Parameters, updated by the layers themselves
+    # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler, clip = optim.build(params, cfg)
     x, y = _tensors(data.x_train, device), torch.as_tensor(data.y_train, device=device)
     with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
         outputs = _forward(model, take(x, slice(0, 1)), training=False)
