@@ -212,7 +212,8 @@ def print_zoo(zoo: dict) -> None:
     for engine, why in zoo["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")
     judged = [c for c in cells if c["judged"]]
-    console().print(f"{sum(c['passed'] for c in judged)} of {len(judged)} judged cells within {tolerance:g}")
+    console().print(f"{sum(c['passed'] for c in judged)} of {len(judged)} judged cells within {tolerance:g} (weights) "
+                    f"and {zoo['history_tolerance']:g} (the loss and metrics reported per epoch)")
 
 
 def _worst(cells: list[dict]) -> str:

@@ -7,7 +7,8 @@ A cell is (model, engine, path, optimizer): the largest absolute gap between the
 weights the path ends at (every weight, BatchNorm's moving statistics included), after `epochs` epochs of the shared
 NumPy batch order. Paths, the three levels of unpacking: "train-step" (`fit` running our own `train_step`,
 `native/<engine>/train_step.py`), "native" (the engine's loop with the Keras-exact optimizer), both judged against
-`ZOO_ATOL`; and "native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it
+`ZOO_ATOL`, with the loss and metrics they report per epoch within `HISTORY_ATOL` of `fit`'s History; and
+"native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it
 differs by convention; TensorFlow has no optimizers but Keras's).
 `train_cells` runs inside an engine's worker; the rest runs in the referee.
 """
@@ -22,7 +23,7 @@ import pandas as pd
 from compare import data as har_data
 from compare import runner
 from compare.errors import NativeLoopsError
-from compare.tolerances import ZOO_ATOL
+from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
 
@@ -84,7 +85,7 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
     start = time.perf_counter()
     with runner.Pool(engines, folder, jobs=1) as pool:
         pool.each("zoo", lambda e: request, on_event)
-    return {"tolerance": ZOO_ATOL, "epochs": epochs, "rows": rows, "seed": seed, "versions": versions(),
+    return {"tolerance": ZOO_ATOL, "history_tolerance": HISTORY_ATOL, "epochs": epochs, "rows": rows, "seed": seed, "versions": versions(),
             "seconds": time.perf_counter() - start, "cells": cells, "incomplete": dict(pool.failed)}
 
 
@@ -122,22 +123,32 @@ def train_cells(request: dict, send) -> dict:
                 keras.backend.clear_session()  # the same layer names, so weight paths read the same
                 seed_everything(cfg.seed)
                 model = ensure_built(entry.builder()(), data.x_train)
-                train(model, data, cfg)
-                return [v.path for v in model.weights], model.get_weights()
+                result = train(model, data, cfg)
+                return [v.path for v in model.weights], model.get_weights(), result
 
-            names, want = trained(fit.train)
+            names, want, reported = trained(fit.train)
             for path in own:
                 cell = {"model": name, "engine": engine, "path": path, "optimizer": optimizer, "flavour": PATHS[path],
                         "tolerance": ZOO_ATOL, "judged": PATHS[path] != "engine", "seed": cfg.seed}
                 flavour = "engine" if PATHS[path] == "engine" else "exact"
                 try:
-                    _, got = trained(lambda m, d, c: trainers[path](m, d, c.replace(flavour=flavour)))
-                    cell |= _gap(names, got, want)
+                    _, got, result = trained(lambda m, d, c: trainers[path](m, d, c.replace(flavour=flavour)))
+                    cell |= _gap(names, got, want) | {"history_gap": _history_gap(result, reported)}
                 except Exception as err:  # a spec this path cannot honour: the cell says so and fails
-                    cell |= {"gap": float("nan"), "worst": "", "error": f"{type(err).__name__}: {err}"}
-                cell["passed"] = bool(cell["gap"] <= ZOO_ATOL)
+                    cell |= {"gap": float("nan"), "worst": "", "history_gap": float("nan"),
+                             "error": f"{type(err).__name__}: {err}"}
+                cell["passed"] = bool(cell["gap"] <= ZOO_ATOL and cell["history_gap"] <= HISTORY_ATOL)
                 send(event="cell", **cell)
     return {}
+
+
+def _history_gap(result, reported) -> float:
+    """The largest gap between the loss and metrics a path reported per epoch and `fit`'s History."""
+    curves = [(result.train_loss, reported.train_loss)] + [(result.metrics.get(k, []), v)
+                                                           for k, v in reported.metrics.items()]
+    if any(len(a) != len(b) for a, b in curves):
+        return float("inf")  # a metric fit reports that the path did not
+    return max(float(np.max(np.abs(np.subtract(a, b)), initial=0.0)) for a, b in curves)
 
 
 def _gap(names: list[str], got: list[np.ndarray], want: list[np.ndarray]) -> dict:

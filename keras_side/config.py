@@ -121,8 +121,10 @@ def versions() -> dict[str, str]:
 
 @dataclass
 class Result:
-    """What one training path produced. Weights are NumPy in `model.weights` order; losses in original units
-    (log RV squared); `test_pred` in standardized units (what crosses engines)."""
+    """What one training path produced. Weights are NumPy in `model.weights` order; an MSE (MAE) loss in original
+    units, log RV squared (log RV), other losses as computed; `metrics` per epoch as `fit`'s History names them
+    ("binary_accuracy", "val_binary_accuracy"...), on the standardized data; `test_pred` in standardized units
+    (what crosses engines)."""
 
     path: str
     engine: str
@@ -134,12 +136,13 @@ class Result:
     compile_seconds: float | None = None
     seed: int = 0
     versions: dict[str, str] = field(default_factory=versions)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
-                      test_pred, seconds: float, compile_seconds: float | None = None) -> Result:
+                      test_pred, seconds: float, compile_seconds: float | None = None, metrics=None) -> Result:
         """Assemble a result from what a loop measured, losses given in standardized units."""
-        to_original = data.scaling.y_std**2
+        to_original = {"mse": data.scaling.y_std**2, "mae": data.scaling.y_std}.get(cfg.loss, 1.0)
         return cls(
             path=path,
             engine=engine,
@@ -150,6 +153,7 @@ class Result:
             train_seconds=seconds,
             compile_seconds=compile_seconds,
             seed=cfg.seed,
+            metrics={name: [float(v) for v in values] for name, values in (metrics or {}).items()},
         )
 
     def save(self, folder: Path) -> None:

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
+from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics, keras_optimizer
 
 VALIDATION_BATCH = 8192
 
@@ -34,7 +34,7 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     if model.compiled:
         raise SpecError(f"model {model.name!r} is already compiled; this path compiles it from the TrainConfig, so "
                         "pass an uncompiled model (or call model.fit yourself to keep your compile)")
-    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg))
+    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg), metrics=keras_metrics(cfg))
     validation = (keras_inputs(data.x_test), data.y_test) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
     # The whole test split in one validation batch: the same mean loss, without 16 small batches per epoch.
@@ -44,7 +44,7 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     if cfg.batch_order == "engine":
         logs = model.fit(keras_inputs(data.x_train), data.y_train, epochs=cfg.epochs, shuffle=True, **fit_args).history
     else:
-        logs = {"loss": [], "val_loss": []}
+        logs = {key: [] for key in ("loss", "val_loss", *cfg.metrics, *(f"val_{m}" for m in cfg.metrics))}
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
             one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], epochs=epoch + 1,
                             initial_epoch=epoch, shuffle=False, **fit_args).history
@@ -52,8 +52,9 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                 logs[key] += one.get(key, [])
     seconds = time.perf_counter() - start
     engine = keras.config.backend()
+    metrics = {key: values for key, values in logs.items() if key.removeprefix("val_") in cfg.metrics and values}
     return Result.from_training(f"keras-{engine}", engine, model.get_weights(), data, cfg, logs["loss"],
-                                logs.get("val_loss", []), predict(model, data.x_test), seconds)
+                                logs.get("val_loss", []), predict(model, data.x_test), seconds, metrics=metrics)
 
 
 def predict(model: keras.Model, x) -> np.ndarray:

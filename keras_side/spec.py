@@ -35,6 +35,13 @@ LOSSES = {  # Keras name -> Keras class; a "module:function" of keras.ops is acc
     "sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
 }
 LOGIT_LOSSES = ("binary_crossentropy", "sparse_categorical_crossentropy")
+METRICS = {  # Keras name -> Keras class: what compile(metrics=[...]) reports, per epoch, in History
+    "mae": "MeanAbsoluteError",
+    "mse": "MeanSquaredError",
+    "rmse": "RootMeanSquaredError",
+    "binary_accuracy": "BinaryAccuracy",
+    "sparse_categorical_accuracy": "SparseCategoricalAccuracy",
+}
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 SCHEDULES = ("exponential", "cosine", "piecewise")
 KERAS_ADAMW_DECAY = 0.004  # keras.optimizers.AdamW's default weight_decay (torch's is 0.01, optax's 1e-4)
@@ -57,6 +64,7 @@ class TrainConfig:
     # compile(loss=...)
     loss: str = "mse"
     from_logits: bool = False
+    metrics: tuple[str, ...] = ()  # compile(metrics=...): reported per epoch on the training and validation data
     # compile(optimizer=...): Adam's epsilon is stated because the engines' defaults differ (Keras 1e-7, torch and
     # optax 1e-8), and so is its meaning (see `Flavour`).
     optimizer: str = "adam"
@@ -89,6 +97,7 @@ class TrainConfig:
         # Lists arrive from JSON (the worker protocol); the frozen spec keeps tuples.
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
         for problem in _problems(self):
             raise SpecError(problem)
 
@@ -118,6 +127,9 @@ def _problems(c: TrainConfig):
     if c.loss not in LOSSES and not FUNCTION.match(c.loss):
         yield (f"unknown loss {c.loss!r}; choose one of {', '.join(LOSSES)} or give a 'module:function' "
                "written with keras.ops")
+    unknown = [m for m in c.metrics if m not in METRICS]
+    if unknown or len(set(c.metrics)) != len(c.metrics):
+        yield f"metrics must be distinct names among {', '.join(METRICS)}; got {', '.join(c.metrics)}"
     if c.from_logits and c.loss not in LOGIT_LOSSES:
         yield f"from_logits applies to {' and '.join(LOGIT_LOSSES)}, not to loss {c.loss!r}; drop it"
     if c.optimizer not in OPTIMIZERS:
@@ -203,3 +215,12 @@ def keras_loss(cfg: TrainConfig):
         options = {"from_logits": cfg.from_logits} if cfg.loss in LOGIT_LOSSES else {}
         return getattr(keras.losses, LOSSES[cfg.loss])(**options)
     return keras.losses.LossFunctionWrapper(resolve(cfg.loss), name=cfg.loss.split(":")[1])
+
+
+def keras_metrics(cfg: TrainConfig) -> list:
+    """Fresh `keras.metrics` objects, one per name: what `fit` compiles with, and what each loop accumulates. A
+    metric accumulates over the epoch's samples (an accuracy is the share of right answers, not a mean of batch
+    accuracies) and is reset at each epoch."""
+    import keras
+
+    return [getattr(keras.metrics, METRICS[name])(name=name) for name in cfg.metrics]

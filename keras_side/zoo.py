@@ -28,14 +28,14 @@ class Entry:
 
 
 ZOO = {
-    "har": Entry("keras_side.models:har", "har", about="Dense(1): the HAR regression"),
+    "har": Entry("keras_side.models:har", "har", {"metrics": ("mae",)}, "Dense(1): the HAR regression"),
     "mlp_l2": Entry("keras_side.models:mlp_l2", "har", about="3-8-1 MLP, L2 kernel and activity regularizers"),
     "bn_mlp": Entry("keras_side.models:bn_mlp", "har", about="Dense(8, no bias) → BatchNorm → relu → Dense(1)"),
     "dropout_mlp": Entry("keras_side.models:dropout_mlp", "har", about="3-16-1 MLP with Dropout(0.2)"),
     "lstm": Entry("keras_side.models:lstm", "sequence", about="LSTM(8) over the last 22 days of log RV"),
     "conv1d": Entry("keras_side.models:conv1d", "sequence", about="Conv1D(4, 5) → average pool over 22 days"),
     "classifier": Entry("keras_side.models:classifier", "direction",
-                        {"loss": "binary_crossentropy", "from_logits": True},
+                        {"loss": "binary_crossentropy", "from_logits": True, "metrics": ("binary_accuracy",)},
                         "3-8-1 logits of the return's sign, binary cross-entropy"),
     "panel": Entry("keras_side.models:panel", "panel", about="every asset, an Embedding(6, 1) level per asset"),
 }

@@ -2,7 +2,7 @@
 
     native-loops train --path jax-native   # or, in your code: from native.jax import loop
 
-State is `(trainable, non_trainable, opt_state)`: non_trainable carries BatchNorm's moving statistics and the seed
+State is `(trainable, non_trainable, opt_state, metrics)`: non_trainable carries BatchNorm's moving statistics and the seed
 state of Dropout and GaussianNoise, so the loop draws the masks `fit` draws. The loss is the spec's Keras loss
 plus the losses the model adds (`return_losses=True`: regularizers, `add_loss`). The optimizer is the spec's
 (`native.jax.optim`: Keras-exact by default). Batches come as `fit` cuts them: full batches, then the short last
@@ -22,34 +22,52 @@ import optax
 
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, keras_loss
+from keras_side.spec import TrainConfig, keras_loss, keras_metrics
 from native.jax import optim
 
 
 def make_loss(model, loss_fn, training: bool):
-    """`compute_loss(trainable, non_trainable, x, y) -> (loss, non_trainable)`: what `fit` minimizes."""
+    """`compute_loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, outputs))`: what `fit` minimizes."""
 
     def compute_loss(trainable, non_trainable, x, y):
         pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
                                                            training=training, return_losses=True)
         loss = loss_fn(y, pred)
-        return (loss + sum(losses) if losses else loss), non_trainable
+        return (loss + sum(losses) if losses else loss), (non_trainable, pred)
 
     return compute_loss
 
 
-def make_step(model, loss_fn, optimizer: optax.GradientTransformation):
-    """The one jitted step: `step(state, (x, y)) -> (state, loss)`."""
+def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=()):
+    """The one jitted step: `step(state, (x, y)) -> (state, loss)`; the metrics' state through their stateless API."""
     compute_loss = make_loss(model, loss_fn, training=True)
 
     @jax.jit
     def step(state, batch):
-        trainable, non_trainable, opt_state = state
-        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(trainable, non_trainable, *batch)
+        trainable, non_trainable, opt_state, metric_state = state
+        (loss, (non_trainable, pred)), grads = jax.value_and_grad(compute_loss, has_aux=True)(
+            trainable, non_trainable, *batch)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
-        return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss
+        metric_state = [m.stateless_update_state(v, batch[1], pred) for m, v in zip(metrics, metric_state)]
+        return (optax.apply_updates(trainable, updates), non_trainable, opt_state, metric_state), loss
 
     return step
+
+
+def fresh(metrics) -> list:
+    """The metrics' state at the start of an epoch (Keras resets it every epoch)."""
+    return [[v.value for v in m.variables] for m in metrics]
+
+
+def make_evaluate(model, loss_fn, metrics=()):
+    """`evaluate(trainable, non_trainable, x, y) -> (loss, metric values)`: `fit`'s validation, in inference mode."""
+    compute_loss = make_loss(model, loss_fn, training=False)
+
+    def evaluate(trainable, non_trainable, x, y):
+        loss, (_, pred) = compute_loss(trainable, non_trainable, x, y)
+        return loss, [m.stateless_result(m.stateless_update_state(v, y, pred)) for m, v in zip(metrics, fresh(metrics))]
+
+    return evaluate
 
 
 def batch_orders(cfg: TrainConfig, n: int) -> jax.Array:
@@ -66,15 +84,15 @@ def split_batches(order, batch_size: int):
     return order[..., :full].reshape(*order.shape[:-1], -1, batch_size), order[..., full:]
 
 
-def init_state(model, optimizer):
+def init_state(model, optimizer, metrics=()):
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-    return trainable, non_trainable, optimizer.init(trainable)
+    return trainable, non_trainable, optimizer.init(trainable), fresh(metrics)
 
 
 def write_back(model, state) -> None:
     """Copy the trained arrays into the Keras variables."""
-    trainable, non_trainable, _ = state
+    trainable, non_trainable = state[:2]
     for variable, value in zip(model.trainable_variables, trainable, strict=True):
         variable.assign(value)
     for variable, value in zip(model.non_trainable_variables, non_trainable, strict=True):
@@ -85,23 +103,32 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
     batches in one compiled `lax.scan`."""
     ensure_built(model, data.x_train)
-    optimizer, loss_fn = optim.build(cfg), keras_loss(cfg)
-    state = init_state(model, optimizer)
+    optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
+    state = init_state(model, optimizer, metrics)
     train_xy = (jax.tree.map(jnp.asarray, data.x_train), jnp.asarray(data.y_train))
     test = (jax.tree.map(jnp.asarray, data.x_test), jnp.asarray(data.y_test))
-    step = make_step(model, loss_fn, optimizer)
-    evaluate = jax.jit(make_loss(model, loss_fn, training=False))
+    step = make_step(model, loss_fn, optimizer, metrics)
+    evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
     orders = np.asarray(batch_orders(cfg, data.n_train))
-    state, train_loss, val_loss, compile_seconds, seconds = run(step, evaluate, state, train_xy, orders, test, cfg,
-                                                                progress)
+    state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, test, cfg,
+                                                  progress)
     write_back(model, state)
     path = "jax-native-scan" if driver == "scan" else "jax-native"
-    return Result.from_training(path, "jax", model.get_weights(), data, cfg, train_loss, val_loss,
-                                predict(model, data.x_test), seconds, compile_seconds)
+    history = _history(metrics, curves, cfg.validate)
+    return Result.from_training(path, "jax", model.get_weights(), data, cfg, curves["loss"], curves["val_loss"],
+                                predict(model, data.x_test), seconds, compile_seconds, metrics=history)
 
 
-def _loop_driver(step, evaluate, state, train_xy, orders, test, cfg, progress):
+def _history(metrics, curves: dict, validate: bool) -> dict[str, list[float]]:
+    """Each metric's per-epoch values, named as `fit`'s History names them."""
+    history = {m.name: [float(v[i]) for v in curves["metrics"]] for i, m in enumerate(metrics)}
+    if validate:
+        history |= {f"val_{m.name}": [float(v[i]) for v in curves["val_metrics"]] for i, m in enumerate(metrics)}
+    return history
+
+
+def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
     x, y = jax.tree.map(np.asarray, train_xy)
     full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
@@ -113,46 +140,56 @@ def _loop_driver(step, evaluate, state, train_xy, orders, test, cfg, progress):
     step = {len(yb[0]): step.lower(state, jax.tree.map(lambda a: a[0], (xb, yb))).compile() for xb, yb in batches}
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    train_loss, val_loss = [], []
+    curves = {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
+    reset = state[3]
     for epoch in range(cfg.epochs):
         losses, sizes = [], []
         for xb, yb in batches:
             state, loss = step[len(yb[epoch])](state, jax.tree.map(lambda a: a[epoch], (xb, yb)))
             losses.append(loss)
             sizes.append(len(yb[epoch]))
-        train_loss.append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it
+        curves["loss"].append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it
+        curves["metrics"].append([m.stateless_result(v) for m, v in zip(metrics, state[3])])
+        state = (*state[:3], reset)  # Keras resets the metrics every epoch
         if cfg.validate:
-            val_loss.append(float(evaluate(state[0], state[1], *test)[0]))
+            loss, values = evaluate(state[0], state[1], *test)
+            curves["val_loss"].append(float(loss))
+            curves["val_metrics"].append(values)
         if progress:
             progress(epoch + 1, cfg.epochs)
     jax.block_until_ready(state)
-    return state, train_loss, val_loss, compile_seconds, time.perf_counter() - start
+    return state, curves, compile_seconds, time.perf_counter() - start
 
 
-def _scan_driver(step, evaluate, state, train_xy, orders, test, cfg, progress):
+def _scan_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
     x, y = train_xy
+    reset = state[3]
 
     def epoch(state, order):
+        state = (*state[:3], reset)  # Keras resets the metrics every epoch
         full, rest = split_batches(order, cfg.batch_size)
         state, losses = jax.lax.scan(step, state, (take(x, full), y[full]))
         total = jnp.sum(losses) * cfg.batch_size
         if rest.shape[0]:  # the short last batch: its own shape, as in fit
             state, last = step(state, (take(x, rest), y[rest]))
             total += last * rest.shape[0]
-        val = evaluate(state[0], state[1], *test)[0] if cfg.validate else jnp.nan
-        return state, (total / order.shape[0], val)
+        values = [m.stateless_result(v) for m, v in zip(metrics, state[3])]
+        val = evaluate(state[0], state[1], *test) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
+        return state, (total / order.shape[0], values, val)
 
     orders = jnp.asarray(orders)
     start = time.perf_counter()
     fused = jax.jit(lambda s, o: jax.lax.scan(epoch, s, o)).lower(state, orders).compile()
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    state, (train_loss, val_loss) = jax.block_until_ready(fused(state, orders))
+    state, (train_loss, values, (val_loss, val_values)) = jax.block_until_ready(fused(state, orders))
     seconds = time.perf_counter() - start
     if progress:
         progress(cfg.epochs, cfg.epochs)
-    val = [float(v) for v in val_loss] if cfg.validate else []
-    return state, [float(v) for v in train_loss], val, compile_seconds, seconds
+    per_epoch = lambda columns: [[c[e] for c in columns] for e in range(cfg.epochs)]  # noqa: E731
+    curves = {"loss": [float(v) for v in train_loss], "metrics": per_epoch(values),
+              "val_loss": [float(v) for v in val_loss] if cfg.validate else [], "val_metrics": per_epoch(val_values)}
+    return state, curves, compile_seconds, seconds
 
 
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:

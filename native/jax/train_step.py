@@ -33,26 +33,30 @@ class OwnStep(keras.Model):
         y_pred, non_trainable, losses = self.stateless_call(trainable, non_trainable, x, training=True,
                                                             return_losses=True)
         loss = self.loss(y, y_pred)  # the compiled loss (the spec's), plus the regularizers as fit adds them
-        return (loss + sum(losses) if losses else loss), non_trainable
+        return (loss + sum(losses) if losses else loss), (non_trainable, y_pred)
 
     def train_step(self, state, data):
         trainable, non_trainable, optimizer_variables, metrics_variables = state
         x, y = data[:2]
         grad_fn = jax.value_and_grad(self.loss_and_state, has_aux=True)
-        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
+        (loss, (non_trainable, y_pred)), grads = grad_fn(trainable, non_trainable, x, y)
         trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
-        logs, metrics_variables = report(self, metrics_variables, loss, y)
+        logs, metrics_variables = report(self, metrics_variables, loss, y, y_pred)
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
 
 
-def report(model: keras.Model, metrics_variables, loss, y):
-    """The epoch's mean loss, weighted by batch size as `fit` reports it, through the metrics' stateless API."""
+def report(model: keras.Model, metrics_variables, loss, y, y_pred):
+    """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics, through the
+    metrics' stateless API."""
     logs, updated = {}, []
     for metric in model.metrics:
         own = metrics_variables[len(updated): len(updated) + len(metric.variables)]
         if metric.name == "loss":
             own = metric.stateless_update_state(own, loss, sample_weight=y.shape[0])
-        logs[metric.name] = metric.stateless_result(own)
+        else:
+            own = metric.stateless_update_state(own, y, y_pred)
+        result = metric.stateless_result(own)
+        logs |= result if isinstance(result, dict) else {metric.name: result}  # named as fit's History names them
         updated += list(own)
     return logs, updated
 

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
+from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
 
@@ -29,26 +30,30 @@ def mse(y_true, y_pred):
 
 
 def total_loss(model, loss_fn, x, y, training: bool):
-    """The objective `fit` minimizes: the spec's loss plus every loss the model adds (regularizers, `add_loss`)."""
-    loss = loss_fn(y, _forward(model, x, training=training))
+    """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss plus every loss the model adds
+    (regularizers, `add_loss`)."""
+    outputs = _forward(model, x, training=training)
+    loss = loss_fn(y, outputs)
     extra = model.losses
-    return loss + tf.add_n(extra) if extra else loss
+    return (loss + tf.add_n(extra) if extra else loss), outputs
 
 
 def _spec(a: np.ndarray) -> tf.TensorSpec:
     return tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
 
 
-def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray):
-    """`step(x, y) -> loss`, one trace for every batch size."""
+def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray, metrics: EpochMetrics | None = None):
+    """`step(x, y) -> loss`, one trace for every batch size; it updates the metrics too."""
     x_spec = tuple(map(_spec, x)) if isinstance(x, tuple) else _spec(x)
 
     @tf.function(input_signature=[x_spec, _spec(y)])
     def step(xb, yb):
         with tf.GradientTape() as tape:
-            loss = total_loss(model, loss_fn, xb, yb, training=True)
+            loss, outputs = total_loss(model, loss_fn, xb, yb, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
+        if metrics:
+            metrics.update(yb, outputs)
         return loss
 
     return step
@@ -64,11 +69,11 @@ def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch."""
     ensure_built(model, data.x_train)
-    optimizer, loss_fn = keras_optimizer(cfg), keras_loss(cfg)
+    optimizer, loss_fn, metrics = keras_optimizer(cfg), keras_loss(cfg), EpochMetrics(cfg)
     optimizer.build(model.trainable_variables)
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
-    step = make_step(model, loss_fn, optimizer, x, y)
+    step = make_step(model, loss_fn, optimizer, x, y, metrics)
     step.get_concrete_function()  # trace and compile now, so training time is training
     compile_seconds = time.perf_counter() - start
     train_loss, val_loss = [], []
@@ -79,13 +84,18 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
             idx = order[rows]
             total += step(take_tf(x, idx), tf.gather(y, idx)) * tf.cast(tf.size(idx), tf.float32)
         train_loss.append(float(total) / data.n_train)
+        metrics.close()
         if cfg.validate:
-            val_loss.append(float(total_loss(model, loss_fn, data.x_test, data.y_test, training=False)))
+            loss, outputs = total_loss(model, loss_fn, data.x_test, data.y_test, training=False)
+            val_loss.append(float(loss))
+            metrics.update(data.y_test, outputs)
+            metrics.close("val_")
         if progress:
             progress(epoch + 1, cfg.epochs)
     seconds = time.perf_counter() - start
     return Result.from_training("tensorflow-native", "tensorflow", model.get_weights(), data, cfg, train_loss,
-                                val_loss, predict(model, data.x_test), seconds, compile_seconds)
+                                val_loss, predict(model, data.x_test), seconds, compile_seconds,
+                                metrics=metrics.history)
 
 
 def take_tf(x, idx):

@@ -37,15 +37,18 @@ class OwnStep(keras.Model):
                 loss = loss + tf.add_n(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         variables = self.trainable_weights
         self.optimizer.apply(tape.gradient(loss, variables), variables)
-        return report(self, loss, y)
+        return report(self, loss, y, y_pred)
 
 
-def report(model: keras.Model, loss, y) -> dict:
-    """The epoch's mean loss, weighted by batch size as `fit` reports it (Keras resets the metric each epoch)."""
+def report(model: keras.Model, loss, y, y_pred) -> dict:
+    """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics (Keras resets
+    them every epoch)."""
     for metric in model.metrics:
-        if metric.name == "loss":
+        if metric.name != "loss":
+            metric.update_state(y, y_pred)
+        else:
             metric.update_state(loss, sample_weight=tf.shape(y)[0])
-    return {m.name: m.result() for m in model.metrics}
+    return model.get_metrics_result()  # named as fit's History names them
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:

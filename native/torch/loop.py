@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, keras_loss
 from native.torch import optim
@@ -62,12 +63,13 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
 
 
 def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True):
-    """The objective `fit` minimizes: the spec's loss on the batch plus every loss the model adds (kernel, bias
-    and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
+    """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss on the batch plus every loss the model adds
+    (kernel, bias and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
     `regularized=False` says the model has none, and skips asking (a few µs a step)."""
-    loss = loss_fn(y, _forward(model, x, training=training))
+    outputs = _forward(model, x, training=training)
+    loss = loss_fn(y, outputs)
     extra = model.losses if regularized else ()
-    return loss + sum(extra) if extra else loss
+    return (loss + sum(extra) if extra else loss), outputs
 
 
 def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
@@ -100,6 +102,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         # once more for a short last batch.
         torch.compiler.reset()
         batch_loss = torch.compile(batch_loss)
+    metrics = EpochMetrics(cfg)
     train_loss, val_loss, epoch_seconds = [], [], []
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         start = time.perf_counter()
@@ -107,7 +110,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         x_epoch, y_epoch = take(x, order), y[order]  # one gather per epoch; each batch is then a view
         total = torch.zeros((), device=device)
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            loss = batch_loss(take(x_epoch, rows), y_epoch[rows])
+            loss, outputs = batch_loss(take(x_epoch, rows), y_epoch[rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip:
@@ -116,9 +119,12 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             if scheduler:
                 scheduler.step()  # once a batch: Keras's schedules count optimizer steps
             total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
+            if metrics:
+                metrics.update(y_epoch[rows], outputs.detach())
         train_loss.append(total.item() / data.n_train)
+        metrics.close()
         if cfg.validate:
-            val_loss.append(_evaluate(model, loss_fn, x_test, y_test, regularized))
+            val_loss.append(_evaluate(model, loss_fn, x_test, y_test, regularized, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if progress:
             progress(epoch + 1, cfg.epochs)
@@ -127,13 +133,18 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
         seconds -= compile_seconds
     return Result.from_training("torch-native-compile" if compile else "torch-native", "torch", model.get_weights(),
-                                data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds)
+                                data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
+                                metrics=metrics.history)
 
 
 @torch.no_grad()
-def _evaluate(model, loss_fn, x, y, regularized: bool) -> float:
-    """The validation loss as `fit` reports it: the spec's loss plus the model's own losses, in inference mode."""
-    return total_loss(model, loss_fn, x, y, training=False, regularized=regularized).item()
+def _evaluate(model, loss_fn, x, y, regularized: bool, metrics: EpochMetrics) -> float:
+    """The validation loss and metrics as `fit` reports them: the spec's loss plus the model's own losses, in
+    inference mode."""
+    loss, outputs = total_loss(model, loss_fn, x, y, training=False, regularized=regularized)
+    metrics.update(y, outputs)
+    metrics.close("val_")
+    return loss.item()
 
 
 def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:

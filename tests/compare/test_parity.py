@@ -72,15 +72,16 @@ def test_failing_builder_names_the_callable(grad_parity):
 
 
 def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
-    """The README's pytest example, pasted into an empty project: the entry point provides the fixture."""
+    """The documented pytest example (docs/parity.md), pasted into an empty project: the entry point provides the
+    fixture."""
     import re
     import subprocess
     import sys
 
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
-    example = re.search(r"```python\n# tests/test_parity.py in your project\n(.*?)```", readme, re.S)
+    page = (REPO / "docs" / "parity.md").read_text()
+    example = re.search(r"```python\n# tests/test_parity.py in your project\n(.*?)```", page, re.S)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_parity.py").write_text(example.group(1))  # importable only through pytest's path
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_parity.py"],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from compare import cli, synthetic, zoo
-from compare.tolerances import ZOO_ATOL
+from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS, ZOO
 
@@ -38,6 +38,7 @@ def test_every_model_on_every_engine_ends_where_fit_ends(every_model):
     assert {(c["model"], c["engine"], c["path"]) for c in judged} == {
         (m, e, p) for m in ZOO for e in engines for p in ("train-step", "native")}
     assert all(c["gap"] <= ZOO_ATOL and c["tolerance"] == ZOO_ATOL for c in judged)
+    assert all(c["history_gap"] <= HISTORY_ATOL for c in judged)  # the loss, mae and accuracy per epoch
     assert report["seed"] == 0 and report["versions"]["keras"] == "3.15.1" and report["incomplete"] == {}
     assert (folder / "zoo.png").stat().st_size > 0 and not list(folder.glob("*.npz"))
     assert "judged cells within" in text and "bn_mlp" in text

@@ -164,3 +164,28 @@ def test_a_bias_before_batchnorm_has_no_gradient_yet_adam_moves_it(har):
     drift = np.max(np.abs(model.get_weights()[1]))
     print(f"{ENGINE}: bias gradient {np.max(np.abs(bias)):.1e}, drift {drift:.1e} ({drift / gradient_descent:.0e}×)")
     assert drift > 1e3 * gradient_descent
+
+
+def test_metrics_are_reported_as_fit_reports_them(panel):
+    """Accuracy over the epoch's samples (not a mean of batch accuracies) and a validation value, per epoch, equal
+    to `fit`'s History, from the same weights and batches."""
+    import keras
+
+    from compare import data as har_data
+    from compare.tolerances import HISTORY_ATOL
+    from keras_side import fit
+
+    data = har_data.prepare_direction(panel)
+    cfg = TrainConfig(epochs=2, batch_order="numpy", loss="binary_crossentropy", from_logits=True,
+                      metrics=("binary_accuracy", "mse"))
+
+    def history(train):
+        keras.backend.clear_session()
+        seed_everything(0)
+        return train(models.ensure_built(models.classifier(), data.x_train), data, cfg).metrics
+
+    want, got = history(fit.train), history(loop.train)
+    assert sorted(got) == sorted(want) == ["binary_accuracy", "mse", "val_binary_accuracy", "val_mse"]
+    for name, values in want.items():
+        np.testing.assert_allclose(got[name], values, atol=HISTORY_ATOL, rtol=0, err_msg=name)
+    assert 0.3 < want["val_binary_accuracy"][-1] < 0.7  # a coin flip: the synthetic returns are unpredictable

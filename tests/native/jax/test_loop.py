@@ -14,7 +14,7 @@ from tests.native.loops import flat
 
 
 def test_scan_driver_equals_python_loop(har):
-    cfg = TrainConfig(epochs=5)
+    cfg = TrainConfig(epochs=5, metrics=("mae",))
     results = []
     for driver in ("loop", "scan"):
         seed_everything(0)
@@ -24,6 +24,9 @@ def test_scan_driver_equals_python_loop(har):
     np.testing.assert_allclose(flat(scan.weights), flat(loop.weights), atol=SCAN_VS_LOOP_ATOL, rtol=0)
     np.testing.assert_allclose(scan.val_loss, loop.val_loss, rtol=1e-5)
     np.testing.assert_allclose(scan.train_loss, loop.train_loss, rtol=1e-5)
+    assert sorted(scan.metrics) == sorted(loop.metrics) == ["mae", "val_mae"]
+    for name, values in loop.metrics.items():
+        np.testing.assert_allclose(scan.metrics[name], values, rtol=1e-5, err_msg=name)
 
 
 def test_step_compiles_once_per_batch_shape(har):

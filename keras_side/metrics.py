@@ -1,0 +1,30 @@
+"""`fit`'s metric bookkeeping for a loop that runs eagerly (torch) or in `tf.function` (TensorFlow): update on
+every batch, read and reset at the end of the epoch, as `fit` does. JAX threads the same metrics' state through its
+pure step instead (`native/jax/loop.py`).
+
+    metrics = EpochMetrics(cfg); metrics.update(y, pred); metrics.close("val_")
+"""
+from __future__ import annotations
+
+from keras_side.spec import TrainConfig, keras_metrics
+
+
+class EpochMetrics:
+    """The spec's `keras.metrics` objects and their per-epoch history, named as `fit`'s History names them."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.metrics = keras_metrics(cfg)
+        self.history: dict[str, list[float]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics)
+
+    def update(self, y_true, y_pred) -> None:
+        for metric in self.metrics:
+            metric.update_state(y_true, y_pred)
+
+    def close(self, prefix: str = "") -> None:
+        """Record each metric's value over the samples seen since the last close ("val_" for validation), reset."""
+        for metric in self.metrics:
+            self.history.setdefault(prefix + metric.name, []).append(float(metric.result()))
+            metric.reset_state()

@@ -1,0 +1,34 @@
+"""The training spec: what Keras would refuse, or a path cannot honour, is one clear error naming the field."""
+import pytest
+
+from keras_side.spec import SpecError, TrainConfig
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(learning_rate=-0.01), "learning_rate must be a positive number"),
+    (dict(learning_rate=float("nan")), "learning_rate must be a positive number"),
+    (dict(momentum=0.9), "momentum is an option of sgd and rmsprop"),
+    (dict(optimizer="sgd", nesterov=True), "nesterov needs optimizer='sgd' with momentum > 0"),
+    (dict(weight_decay=0.01), "weight_decay (>= 0) is supported with optimizer='adamw' only"),
+    (dict(clipnorm=1.0, clipvalue=0.5), "set at most one of clipnorm, global_clipnorm and clipvalue"),
+    (dict(clipnorm=0.0), "clipnorm must be > 0"),
+    (dict(loss="hinge"), "unknown loss 'hinge'"),
+    (dict(from_logits=True), "from_logits applies to"),
+    (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+    (dict(metrics=("accuracy",)), "metrics must be distinct names among"),
+    (dict(schedule="step"), "unknown schedule 'step'"),
+    (dict(schedule="piecewise", boundaries=(10,), values=(0.1,)), "one more value than boundaries"),
+    (dict(schedule="cosine", warmup_steps=5), "needs both warmup_steps > 0 and warmup_target"),
+    (dict(flavour="fast"), "flavour must be 'exact' or 'engine'"),
+], ids=lambda v: str(v)[:40])
+def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**changes)
+
+
+def test_a_spec_travels_as_json_and_comes_back_equal():
+    import json
+
+    cfg = TrainConfig(optimizer="sgd", momentum=0.9, schedule="piecewise", boundaries=(10, 20), values=(0.1, 0.01, 1e-3),
+                      metrics=("mae",), clipvalue=0.5)
+    assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
