@@ -213,7 +213,19 @@ def prepare_direction(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split:
     return dataclasses.replace(data, y_train=up[0], y_test=up[1], scaling=scaling)
 
 
-KINDS = ("har", "sequence", "direction", "panel")
+RECENT_HALF_LIFE = 252  # trading days: a year-old day counts half as much as the last training day
+
+
+def prepare_recent(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
+                   end: str | None = None, source: str = "") -> HarData:
+    """The HAR data set with a weight per training day, halving every `RECENT_HALF_LIFE` days back from the split:
+    trained with these as `sample_weight`, the HAR is weighted least squares that favours recent volatility."""
+    data = prepare(panel, asset=asset, split=split, end=end, source=source)
+    age = np.arange(data.n_train)[::-1]
+    return dataclasses.replace(data, w_train=(0.5 ** (age / RECENT_HALF_LIFE)).astype(np.float32))
+
+
+KINDS = ("har", "recent", "sequence", "direction", "panel")
 
 
 def prepare_kind(panel: pd.DataFrame, kind: str, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
@@ -221,5 +233,6 @@ def prepare_kind(panel: pd.DataFrame, kind: str, *, asset: str = DEFAULT_ASSET, 
     """The data set a zoo model trains on (see `keras_side.zoo`)."""
     if kind == "panel":
         return prepare_panel(panel, split=split, end=end, source=source)
-    build = {"har": prepare, "sequence": prepare_sequences, "direction": prepare_direction}[kind]
+    build = {"har": prepare, "recent": prepare_recent, "sequence": prepare_sequences,
+             "direction": prepare_direction}[kind]
     return build(panel, asset=asset, split=split, end=end, source=source)

@@ -60,8 +60,9 @@ def _first_rows(data: HarData, rows: int | None) -> HarData:
     if rows is None or rows >= data.n_train:
         return data
     keep = slice(0, rows)
+    weights = None if data.w_train is None else data.w_train[keep]
     return HarData(take(data.x_train, keep), data.y_train[keep], data.x_test, data.y_test, data.scaling,
-                   data.features, data.asset, data.source)
+                   data.features, data.asset, data.source, weights)
 
 
 def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,

@@ -42,6 +42,7 @@ class HarData:
     """Float32 model inputs and targets (standardized with training statistics) plus what maps them back.
 
     `x_train`/`x_test` are one array, or a tuple of arrays for models with several inputs (panel, leverage).
+    `w_train`, when given, weighs each training row in the loss and the metrics (`fit`'s `sample_weight`).
     """
 
     x_train: np.ndarray | tuple[np.ndarray, ...]
@@ -52,6 +53,7 @@ class HarData:
     features: tuple[str, ...]
     asset: str
     source: str
+    w_train: np.ndarray | None = None
 
     def save(self, path: Path) -> None:
         """One `.npz` that a worker process reloads: the arrays plus the scaling and labels."""
@@ -62,6 +64,8 @@ class HarData:
                 arrays[f"x_{split}_{i}"] = a
             arrays[f"y_{split}"] = getattr(self, f"y_{split}")
         arrays |= {"x_mean": self.scaling.x_mean, "x_std": self.scaling.x_std}
+        if self.w_train is not None:
+            arrays["w_train"] = self.w_train
         inputs = len(self.x_train) if isinstance(self.x_train, tuple) else 1
         meta = {"y_mean": self.scaling.y_mean, "y_std": self.scaling.y_std, "features": self.features,
                 "asset": self.asset, "source": self.source, "inputs": inputs}
@@ -75,7 +79,7 @@ class HarData:
             xs = {s: x if len(x) > 1 else x[0] for s, x in xs.items()}
             scaling = Scaling(z["x_mean"], z["x_std"], meta["y_mean"], meta["y_std"])
             return cls(xs["train"], z["y_train"], xs["test"], z["y_test"], scaling, tuple(meta["features"]),
-                       meta["asset"], meta["source"])
+                       meta["asset"], meta["source"], z["w_train"] if "w_train" in z.files else None)
 
     @property
     def n_train(self) -> int:

@@ -42,12 +42,14 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                     verbose=0, callbacks=callbacks)
     start = time.perf_counter()
     if cfg.batch_order == "engine":
-        logs = model.fit(keras_inputs(data.x_train), data.y_train, epochs=cfg.epochs, shuffle=True, **fit_args).history
+        logs = model.fit(keras_inputs(data.x_train), data.y_train, sample_weight=data.w_train, epochs=cfg.epochs,
+                         shuffle=True, **fit_args).history
     else:
         logs = {key: [] for key in ("loss", "val_loss", *cfg.metrics, *(f"val_{m}" for m in cfg.metrics))}
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
-            one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], epochs=epoch + 1,
-                            initial_epoch=epoch, shuffle=False, **fit_args).history
+            weights = None if data.w_train is None else data.w_train[order]
+            one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], sample_weight=weights,
+                            epochs=epoch + 1, initial_epoch=epoch, shuffle=False, **fit_args).history
             for key in logs:
                 logs[key] += one.get(key, [])
     seconds = time.perf_counter() - start

@@ -20,6 +20,7 @@ class EpochMetrics:
         return bool(self.metrics)
 
     def update(self, y_true, y_pred) -> None:
+        """Unweighted, as `fit` updates `compile(metrics=...)`: only `weighted_metrics` take the sample weights."""
         for metric in self.metrics:
             metric.update_state(y_true, y_pred)
 

@@ -4,7 +4,8 @@ native loop from the same weights and batches, and measures how far apart they e
 
     entry = ZOO["bn_mlp"]; model = entry.builder()(); entry.data   # "har", "sequence", "direction" or "panel"
 
-Data kinds (made by `compare.data.prepare_kind` from the same panel): "har" the three HAR means; "sequence" the
+Data kinds (made by `compare.data.prepare_kind` from the same panel): "har" the three HAR means; "recent" the same
+with a `sample_weight` per training day that halves every 252 days back from the split; "sequence" the
 last 22 days of log RV, (n, 22, 1); "direction" the HAR means with the sign of the day's return as a 0/1 target;
 "panel" every asset stacked with its integer id. Nothing here imports Keras (the referee reads it); the builders
 are in `keras_side.models`.
@@ -29,6 +30,8 @@ class Entry:
 
 ZOO = {
     "har": Entry("keras_side.models:har", "har", {"metrics": ("mae",)}, "Dense(1): the HAR regression"),
+    "har_recent": Entry("keras_side.models:har", "recent", {"metrics": ("mae",)},
+                        "the HAR as weighted least squares: sample_weight halving every 252 days back"),
     "mlp_l2": Entry("keras_side.models:mlp_l2", "har", about="3-8-1 MLP, L2 kernel and activity regularizers"),
     "bn_mlp": Entry("keras_side.models:bn_mlp", "har", about="Dense(8, no bias) → BatchNorm → relu → Dense(1)"),
     "dropout_mlp": Entry("keras_side.models:dropout_mlp", "har", about="3-16-1 MLP with Dropout(0.2)"),

@@ -20,26 +20,28 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, keras_inputs, numpy_orders
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, keras_loss, keras_metrics
 from native.jax import optim
 
 
 def make_loss(model, loss_fn, training: bool):
-    """`compute_loss(trainable, non_trainable, x, y) -> (loss, (non_trainable, outputs))`: what `fit` minimizes."""
+    """`compute_loss(trainable, non_trainable, x, y, sample_weight=None) -> (loss, (non_trainable, outputs))`: what
+    `fit` minimizes."""
 
-    def compute_loss(trainable, non_trainable, x, y):
+    def compute_loss(trainable, non_trainable, x, y, sample_weight=None):
         pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
                                                            training=training, return_losses=True)
-        loss = loss_fn(y, pred)
+        loss = loss_fn(y, pred, sample_weight=sample_weight)
         return (loss + sum(losses) if losses else loss), (non_trainable, pred)
 
     return compute_loss
 
 
 def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=()):
-    """The one jitted step: `step(state, (x, y)) -> (state, loss)`; the metrics' state through their stateless API."""
+    """The one jitted step: `step(state, (x, y[, sample_weight])) -> (state, loss)`; the metrics' state through
+    their stateless API."""
     compute_loss = make_loss(model, loss_fn, training=True)
 
     @jax.jit
@@ -48,6 +50,7 @@ def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=(
         (loss, (non_trainable, pred)), grads = jax.value_and_grad(compute_loss, has_aux=True)(
             trainable, non_trainable, *batch)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        # Unweighted, as fit updates compile(metrics=...): only weighted_metrics take the sample weights.
         metric_state = [m.stateless_update_state(v, batch[1], pred) for m, v in zip(metrics, metric_state)]
         return (optax.apply_updates(trainable, updates), non_trainable, opt_state, metric_state), loss
 
@@ -106,6 +109,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
     train_xy = (jax.tree.map(jnp.asarray, data.x_train), jnp.asarray(data.y_train))
+    if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
+        train_xy += (jnp.asarray(data.w_train),)
     test = (jax.tree.map(jnp.asarray, data.x_test), jnp.asarray(data.y_test))
     step = make_step(model, loss_fn, optimizer, metrics)
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
@@ -128,26 +133,31 @@ def _history(metrics, curves: dict, validate: bool) -> dict[str, list[float]]:
     return history
 
 
+def _rows(arrays, idx):
+    """Rows `idx` of every array of (x, y[, sample_weight]), x being one array or a tuple of inputs."""
+    return jax.tree.map(lambda a: a[idx], arrays)
+
+
 def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
-    x, y = jax.tree.map(np.asarray, train_xy)
+    arrays = jax.tree.map(np.asarray, train_xy)  # (x, y) or (x, y, sample_weight)
     full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
     # takes it as is, while indexing a jax array from Python costs ~70 µs a time, more than the step itself.
-    batches = [(take(x, full[:, b]), y[full[:, b]]) for b in range(full.shape[1])]
+    batches = [_rows(arrays, full[:, b]) for b in range(full.shape[1])]
     if rest.shape[1]:
-        batches.append((take(x, rest), y[rest]))
+        batches.append(_rows(arrays, rest))
     start = time.perf_counter()  # compile each batch shape now, so training time is training
-    step = {len(yb[0]): step.lower(state, jax.tree.map(lambda a: a[0], (xb, yb))).compile() for xb, yb in batches}
+    step = {len(b[1][0]): step.lower(state, jax.tree.map(lambda a: a[0], b)).compile() for b in batches}
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     curves = {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
     reset = state[3]
     for epoch in range(cfg.epochs):
         losses, sizes = [], []
-        for xb, yb in batches:
-            state, loss = step[len(yb[epoch])](state, jax.tree.map(lambda a: a[epoch], (xb, yb)))
+        for batch in batches:
+            state, loss = step[len(batch[1][epoch])](state, jax.tree.map(lambda a: a[epoch], batch))
             losses.append(loss)
-            sizes.append(len(yb[epoch]))
+            sizes.append(len(batch[1][epoch]))
         curves["loss"].append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it
         curves["metrics"].append([m.stateless_result(v) for m, v in zip(metrics, state[3])])
         state = (*state[:3], reset)  # Keras resets the metrics every epoch
@@ -162,16 +172,15 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
 
 
 def _scan_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
-    x, y = train_xy
     reset = state[3]
 
     def epoch(state, order):
         state = (*state[:3], reset)  # Keras resets the metrics every epoch
         full, rest = split_batches(order, cfg.batch_size)
-        state, losses = jax.lax.scan(step, state, (take(x, full), y[full]))
+        state, losses = jax.lax.scan(step, state, _rows(train_xy, full))
         total = jnp.sum(losses) * cfg.batch_size
         if rest.shape[0]:  # the short last batch: its own shape, as in fit
-            state, last = step(state, (take(x, rest), y[rest]))
+            state, last = step(state, _rows(train_xy, rest))
             total += last * rest.shape[0]
         values = [m.stateless_result(v) for m, v in zip(metrics, state[3])]
         val = evaluate(state[0], state[1], *test) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])

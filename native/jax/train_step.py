@@ -29,23 +29,23 @@ class OwnStep(keras.Model):
     def call(self, x, training=None):
         return self.inner(x, training=training)
 
-    def loss_and_state(self, trainable, non_trainable, x, y):
+    def loss_and_state(self, trainable, non_trainable, x, y, sample_weight=None):
         y_pred, non_trainable, losses = self.stateless_call(trainable, non_trainable, x, training=True,
                                                             return_losses=True)
-        loss = self.loss(y, y_pred)  # the compiled loss (the spec's), plus the regularizers as fit adds them
+        loss = self.loss(y, y_pred, sample_weight)  # the compiled loss, plus the regularizers as fit adds them
         return (loss + sum(losses) if losses else loss), (non_trainable, y_pred)
 
     def train_step(self, state, data):
         trainable, non_trainable, optimizer_variables, metrics_variables = state
-        x, y = data[:2]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         grad_fn = jax.value_and_grad(self.loss_and_state, has_aux=True)
-        (loss, (non_trainable, y_pred)), grads = grad_fn(trainable, non_trainable, x, y)
+        (loss, (non_trainable, y_pred)), grads = grad_fn(trainable, non_trainable, x, y, sample_weight)
         trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
-        logs, metrics_variables = report(self, metrics_variables, loss, y, y_pred)
+        logs, metrics_variables = report(self, metrics_variables, loss, y, y_pred, sample_weight)
         return logs, (trainable, non_trainable, optimizer_variables, metrics_variables)
 
 
-def report(model: keras.Model, metrics_variables, loss, y, y_pred):
+def report(model: keras.Model, metrics_variables, loss, y, y_pred, sample_weight=None):
     """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics, through the
     metrics' stateless API."""
     logs, updated = {}, []
@@ -54,7 +54,7 @@ def report(model: keras.Model, metrics_variables, loss, y, y_pred):
         if metric.name == "loss":
             own = metric.stateless_update_state(own, loss, sample_weight=y.shape[0])
         else:
-            own = metric.stateless_update_state(own, y, y_pred)
+            own = metric.stateless_update_state(own, y, y_pred, sample_weight=sample_weight)
         result = metric.stateless_result(own)
         logs |= result if isinstance(result, dict) else {metric.name: result}  # named as fit's History names them
         updated += list(own)

@@ -29,11 +29,11 @@ def mse(y_true, y_pred):
     return tf.reduce_mean(tf.square(y_pred - y_true))
 
 
-def total_loss(model, loss_fn, x, y, training: bool):
+def total_loss(model, loss_fn, x, y, training: bool, sample_weight=None):
     """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss plus every loss the model adds
     (regularizers, `add_loss`)."""
     outputs = _forward(model, x, training=training)
-    loss = loss_fn(y, outputs)
+    loss = loss_fn(y, outputs, sample_weight=sample_weight)
     extra = model.losses
     return (loss + tf.add_n(extra) if extra else loss), outputs
 
@@ -42,14 +42,16 @@ def _spec(a: np.ndarray) -> tf.TensorSpec:
     return tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
 
 
-def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray, metrics: EpochMetrics | None = None):
-    """`step(x, y) -> loss`, one trace for every batch size; it updates the metrics too."""
+def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray, metrics: EpochMetrics | None = None,
+              weights: np.ndarray | None = None):
+    """`step(x, y[, sample_weight]) -> loss`, one trace for every batch size; it updates the metrics too."""
     x_spec = tuple(map(_spec, x)) if isinstance(x, tuple) else _spec(x)
+    signature = [x_spec, _spec(y)] + ([] if weights is None else [_spec(weights)])
 
-    @tf.function(input_signature=[x_spec, _spec(y)])
-    def step(xb, yb):
+    @tf.function(input_signature=signature)
+    def step(xb, yb, wb=None):
         with tf.GradientTape() as tape:
-            loss, outputs = total_loss(model, loss_fn, xb, yb, training=True)
+            loss, outputs = total_loss(model, loss_fn, xb, yb, training=True, sample_weight=wb)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         if metrics:
@@ -73,7 +75,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     optimizer.build(model.trainable_variables)
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
-    step = make_step(model, loss_fn, optimizer, x, y, metrics)
+    step = make_step(model, loss_fn, optimizer, x, y, metrics, data.w_train)
     step.get_concrete_function()  # trace and compile now, so training time is training
     compile_seconds = time.perf_counter() - start
     train_loss, val_loss = [], []
@@ -82,7 +84,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
         total = tf.zeros(())
         for rows in batch_slices(data.n_train, cfg.batch_size):
             idx = order[rows]
-            total += step(take_tf(x, idx), tf.gather(y, idx)) * tf.cast(tf.size(idx), tf.float32)
+            weights = () if data.w_train is None else (tf.gather(data.w_train, idx),)
+            total += step(take_tf(x, idx), tf.gather(y, idx), *weights) * tf.cast(tf.size(idx), tf.float32)
         train_loss.append(float(total) / data.n_train)
         metrics.close()
         if cfg.validate:

@@ -29,23 +29,23 @@ class OwnStep(keras.Model):
         return self.inner(x, training=training)
 
     def train_step(self, data):
-        x, y = data[:2]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self.loss(y, y_pred)  # the compiled loss (the spec's) ...
+            loss = self.loss(y, y_pred, sample_weight)  # the compiled loss (the spec's) ...
             if self.losses:
                 loss = loss + tf.add_n(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         variables = self.trainable_weights
         self.optimizer.apply(tape.gradient(loss, variables), variables)
-        return report(self, loss, y, y_pred)
+        return report(self, loss, y, y_pred, sample_weight)
 
 
-def report(model: keras.Model, loss, y, y_pred) -> dict:
+def report(model: keras.Model, loss, y, y_pred, sample_weight=None) -> dict:
     """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics (Keras resets
     them every epoch)."""
     for metric in model.metrics:
         if metric.name != "loss":
-            metric.update_state(y, y_pred)
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
         else:
             metric.update_state(loss, sample_weight=tf.shape(y)[0])
     return model.get_metrics_result()  # named as fit's History names them

@@ -55,19 +55,21 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward."""
     per_sample = TORCH_LOSSES[cfg.loss] if same_rank and cfg.loss in TORCH_LOSSES else keras_loss(cfg).call
 
-    def mean(y_true, y_pred):
+    def mean(y_true, y_pred, sample_weight=None):
         values = per_sample(y_true, y_pred)
+        if sample_weight is not None:  # weighted, then still divided by the count (Keras's sum_over_batch_size)
+            values = values * sample_weight.reshape(values.shape)
         return torch.sum(values) / values.numel()
 
     return mean
 
 
-def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True):
+def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, sample_weight=None):
     """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss on the batch plus every loss the model adds
     (kernel, bias and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
     `regularized=False` says the model has none, and skips asking (a few µs a step)."""
     outputs = _forward(model, x, training=training)
-    loss = loss_fn(y, outputs)
+    loss = loss_fn(y, outputs, sample_weight)
     extra = model.losses if regularized else ()
     return (loss + sum(extra) if extra else loss), outputs
 
@@ -95,7 +97,11 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         regularized = bool(model.losses)
     loss_fn = spec_loss(cfg, same_rank=y.ndim == outputs.ndim)
     x_test, y_test = _tensors(data.x_test, device), torch.as_tensor(data.y_test, device=device)
-    batch_loss = lambda xb, yb: total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized)  # noqa: E731
+    weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
+
+    def batch_loss(xb, yb, wb):
+        return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb)
+
     if compile:
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
@@ -108,9 +114,11 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         start = time.perf_counter()
         order = order.to(device)
         x_epoch, y_epoch = take(x, order), y[order]  # one gather per epoch; each batch is then a view
+        w_epoch = None if weights is None else weights[order]
         total = torch.zeros((), device=device)
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            loss, outputs = batch_loss(take(x_epoch, rows), y_epoch[rows])
+            w_batch = None if weights is None else w_epoch[rows]
+            loss, outputs = batch_loss(take(x_epoch, rows), y_epoch[rows], w_batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip:

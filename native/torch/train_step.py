@@ -29,9 +29,9 @@ class OwnStep(keras.Model):
         return self.inner(x, training=training)
 
     def train_step(self, data):
-        x, y = data[:2]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=True)
-        loss = self.loss(y, y_pred)  # the compiled loss (the spec's) ...
+        loss = self.loss(y, y_pred, sample_weight)  # the compiled loss (the spec's) ...
         if self.losses:
             loss = loss + sum(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         self.zero_grad()
@@ -39,15 +39,15 @@ class OwnStep(keras.Model):
         variables = self.trainable_weights
         with torch.no_grad():
             self.optimizer.apply([v.value.grad for v in variables], variables)
-        return report(self, loss, y, y_pred)
+        return report(self, loss, y, y_pred, sample_weight)
 
 
-def report(model: keras.Model, loss, y, y_pred) -> dict:
+def report(model: keras.Model, loss, y, y_pred, sample_weight=None) -> dict:
     """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics (Keras resets
     them every epoch)."""
     for metric in model.metrics:
         if metric.name != "loss":
-            metric.update_state(y, y_pred)
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
         else:
             metric.update_state(loss, sample_weight=len(y))
     return model.get_metrics_result()  # named as fit's History names them

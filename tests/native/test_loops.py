@@ -189,3 +189,13 @@ def test_metrics_are_reported_as_fit_reports_them(panel):
     for name, values in want.items():
         np.testing.assert_allclose(got[name], values, atol=HISTORY_ATOL, rtol=0, err_msg=name)
     assert 0.3 < want["val_binary_accuracy"][-1] < 0.7  # a coin flip: the synthetic returns are unpredictable
+
+
+def test_sample_weights_change_the_objective(panel):
+    """`HarData.w_train` reaches the loss as `fit`'s `sample_weight`: weighted least squares ends elsewhere than
+    plain least squares from the same start (the zoo's `har_recent` checks it equals `fit`)."""
+    from compare import data as har_data
+
+    weighted = har_data.prepare_recent(panel)
+    plain, recent = run(weighted, data=har_data.prepare(panel)), run(weighted, data=weighted)
+    assert np.max(np.abs(flat(plain.weights) - flat(recent.weights))) > 1e-3
