@@ -82,13 +82,20 @@ def default_out() -> Path:
 QUICK_EPOCHS = 5
 
 
+def parse_names(text: str | None, known, what: str) -> list[str]:
+    """A comma-separated option (`--engines`, `--models`...) as a list of known names; None means all of them."""
+    if text is None:
+        return list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise NativeLoopsError(f"unknown {what}(s) {', '.join(unknown) or '(none)'}; --{what}s takes a "
+                               f"comma-separated list of {', '.join(known)}")
+    return names
+
+
 def parse_engines(text: str) -> list[str]:
-    engines = [e.strip() for e in text.split(",") if e.strip()]
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown or not engines:
-        raise NativeLoopsError(f"unknown engine(s) {', '.join(unknown) or '(none)'}; --engines takes a comma-separated "
-                               f"list of {', '.join(ENGINES)}")
-    return engines
+    return parse_names(text, ENGINES, "engine")
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -180,7 +187,8 @@ def walk_forward(args: argparse.Namespace) -> int:
 def zoo(args: argparse.Namespace) -> int:
     """Exit 0 when every judged cell is within tolerance on every engine, 1 when one is not, 3 when an engine is
     missing or crashed."""
-    models, optimizers = zoo_matrix.parse_models(args.models), zoo_matrix.parse_optimizers(args.optimizers)
+    models = parse_names(args.models, zoo_matrix.MODELS, "model")
+    optimizers = parse_names(args.optimizers, tuple(zoo_matrix.OPTIMIZERS), "optimizer")
     engines, cfg = parse_engines(args.engines), train_config(args)
     if args.rows is not None and args.rows < 1:
         raise NativeLoopsError(f"--rows must be at least 1, got {args.rows}")

@@ -22,7 +22,6 @@ import pandas as pd
 
 from compare import data as har_data
 from compare import runner
-from compare.errors import NativeLoopsError
 from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
@@ -35,25 +34,6 @@ ZOO_EPOCHS = 3
 def paths_on(engine: str) -> list[str]:
     """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's)."""
     return [p for p in PATHS if not (engine == "tensorflow" and PATHS[p] == "engine")]
-
-
-def _parse(text: str | None, known: tuple[str, ...], what: str) -> list[str]:
-    if text is None:
-        return list(known)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise NativeLoopsError(f"unknown {what}(s) {', '.join(unknown) or '(none)'}; --{what}s takes a "
-                               f"comma-separated list of {', '.join(known)}")
-    return names
-
-
-def parse_models(text: str | None) -> list[str]:
-    return _parse(text, MODELS, "model")
-
-
-def parse_optimizers(text: str | None) -> list[str]:
-    return _parse(text, tuple(OPTIMIZERS), "optimizer")
 
 
 def _first_rows(data: HarData, rows: int | None) -> HarData:

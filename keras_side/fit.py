@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import keras
@@ -62,3 +63,22 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
 def predict(model: keras.Model, x) -> np.ndarray:
     """Predictions as a float NumPy array, in inference mode."""
     return np.asarray(model.predict(keras_inputs(x), batch_size=4096, verbose=0))
+
+
+class Wrapped(keras.Model):
+    """Any Keras model (same weights, same call) under a model class whose `train_step` is written in an engine's
+    code: the middle path, `fit` with your own step (`native/<engine>/train_step.py` subclass it)."""
+
+    def __init__(self, model: keras.Model):
+        super().__init__(name=f"{model.name}_own_step")
+        self.inner = model
+
+    def call(self, x, training=None):
+        return self.inner(x, training=training)
+
+
+def train_own_step(step_model: type[Wrapped], model: keras.Model, data: HarData, cfg: TrainConfig, *,
+                   progress=None) -> Result:
+    """`train` with `step_model(model)`'s own `train_step`; the trained weights are in `model` afterwards."""
+    result = train(step_model(model), data, cfg, progress=progress)
+    return dataclasses.replace(result, path=f"keras-{keras.config.backend()}-train-step")

@@ -9,8 +9,6 @@ call), so the zoo's models need no subclass of their own.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import keras
 
@@ -19,15 +17,8 @@ from keras_side.config import HarData, Result
 from keras_side.spec import TrainConfig
 
 
-class OwnStep(keras.Model):
+class OwnStep(fit.Wrapped):
     """Any Keras model, trained by `fit` with the step below."""
-
-    def __init__(self, model: keras.Model):
-        super().__init__(name=f"{model.name}_own_step")
-        self.inner = model
-
-    def call(self, x, training=None):
-        return self.inner(x, training=training)
 
     def loss_and_state(self, trainable, non_trainable, x, y, sample_weight=None):
         y_pred, non_trainable, losses = self.stateless_call(trainable, non_trainable, x, training=True,
@@ -63,5 +54,4 @@ def report(model: keras.Model, metrics_variables, loss, y, y_pred, sample_weight
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     """`fit` (compiled from the spec) with our `train_step`; the trained weights are in `model` afterwards."""
-    result = fit.train(OwnStep(model), data, cfg, progress=progress)
-    return dataclasses.replace(result, path="keras-jax-train-step")
+    return fit.train_own_step(OwnStep, model, data, cfg, progress=progress)

@@ -8,8 +8,6 @@ weights, same call), so the zoo's models need no subclass of their own.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 import tensorflow as tf
 
@@ -18,15 +16,8 @@ from keras_side.config import HarData, Result
 from keras_side.spec import TrainConfig
 
 
-class OwnStep(keras.Model):
+class OwnStep(fit.Wrapped):
     """Any Keras model, trained by `fit` with the step below."""
-
-    def __init__(self, model: keras.Model):
-        super().__init__(name=f"{model.name}_own_step")
-        self.inner = model
-
-    def call(self, x, training=None):
-        return self.inner(x, training=training)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -53,5 +44,4 @@ def report(model: keras.Model, loss, y, y_pred, sample_weight=None) -> dict:
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     """`fit` (compiled from the spec) with our `train_step`; the trained weights are in `model` afterwards."""
-    result = fit.train(OwnStep(model), data, cfg, progress=progress)
-    return dataclasses.replace(result, path="keras-tensorflow-train-step")
+    return fit.train_own_step(OwnStep, model, data, cfg, progress=progress)
