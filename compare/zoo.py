@@ -8,12 +8,13 @@ weights the path ends at (every weight, BatchNorm's moving statistics included),
 NumPy batch order. Paths, the three levels of unpacking: "train-step" (`fit` running our own `train_step`,
 `native/<engine>/train_step.py`), "native" (the engine's loop with the Keras-exact optimizer), both judged against
 `ZOO_ATOL`, with the loss and metrics they report per epoch within `HISTORY_ATOL` of `fit`'s History; and
-"native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it
-differs by convention; TensorFlow has no optimizers but Keras's).
+"native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it differs by
+convention; TensorFlow has no optimizers but Keras's).
 `train_cells` runs inside an engine's worker; the rest runs in the referee.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -41,8 +42,7 @@ def _first_rows(data: HarData, rows: int | None) -> HarData:
         return data
     keep = slice(0, rows)
     weights = None if data.w_train is None else data.w_train[keep]
-    return HarData(take(data.x_train, keep), data.y_train[keep], data.x_test, data.y_test, data.scaling,
-                   data.features, data.asset, data.source, weights)
+    return dataclasses.replace(data, x_train=take(data.x_train, keep), y_train=data.y_train[keep], w_train=weights)
 
 
 def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,
@@ -66,8 +66,9 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
     start = time.perf_counter()
     with runner.Pool(engines, folder, jobs=1) as pool:
         pool.each("zoo", lambda e: request, on_event)
-    return {"tolerance": ZOO_ATOL, "history_tolerance": HISTORY_ATOL, "epochs": epochs, "rows": rows, "seed": seed, "versions": versions(),
-            "seconds": time.perf_counter() - start, "cells": cells, "incomplete": dict(pool.failed)}
+    return {"tolerance": ZOO_ATOL, "history_tolerance": HISTORY_ATOL, "epochs": epochs, "rows": rows, "seed": seed,
+            "versions": versions(), "seconds": time.perf_counter() - start, "cells": cells,
+            "incomplete": dict(pool.failed)}
 
 
 def passed(report: dict) -> bool:
@@ -90,8 +91,9 @@ def train_cells(request: dict, send) -> dict:
     from keras_side.spec import TrainConfig
 
     engine = keras.config.backend()
-    trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": paths.loop(engine).train,
-                "native-engine": paths.loop(engine).train}
+    native = paths.loop(engine).train
+    trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": native,
+                "native-engine": native}
     own = paths_on(engine)
     for name in request["models"]:
         entry = ZOO[name]

@@ -10,6 +10,7 @@ import time
 import keras
 import numpy as np
 
+from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
 from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics, keras_optimizer
 
@@ -30,7 +31,9 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     epoch when `cfg.validate`.
 
     With `cfg.batch_order="numpy"`, each epoch is one `fit` call on that epoch's NumPy permutation with
-    `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches.
+    `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches. Keras's
+    EarlyStopping starts afresh at every `fit` call, so there `cfg.patience` applies its rule between the calls
+    (`keras_side.callbacks`, tested equal to Keras's).
     """
     if model.compiled:
         raise SpecError(f"model {model.name!r} is already compiled; this path compiles it from the TrainConfig, so "
@@ -38,6 +41,9 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg), metrics=keras_metrics(cfg))
     validation = (keras_inputs(data.x_test), data.y_test) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
+    if cfg.patience is not None and cfg.batch_order == "engine":
+        callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=cfg.patience,
+                                                       restore_best_weights=True))
     # The whole test split in one validation batch: the same mean loss, without 16 small batches per epoch.
     fit_args = dict(batch_size=cfg.batch_size, validation_data=validation, validation_batch_size=VALIDATION_BATCH,
                     verbose=0, callbacks=callbacks)
@@ -47,12 +53,17 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                          shuffle=True, **fit_args).history
     else:
         logs = {key: [] for key in ("loss", "val_loss", *cfg.metrics, *(f"val_{m}" for m in cfg.metrics))}
+        stop = EarlyStopping(cfg.patience) if cfg.patience is not None else None
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
             weights = None if data.w_train is None else data.w_train[order]
             one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], sample_weight=weights,
                             epochs=epoch + 1, initial_epoch=epoch, shuffle=False, **fit_args).history
             for key in logs:
                 logs[key] += one.get(key, [])
+            if stop and stop.update(epoch, logs["val_loss"][-1], model.get_weights):
+                break
+        if stop:
+            model.set_weights(stop.best_weights)
     seconds = time.perf_counter() - start
     engine = keras.config.backend()
     metrics = {key: values for key, values in logs.items() if key.removeprefix("val_") in cfg.metrics and values}

@@ -65,6 +65,8 @@ class TrainConfig:
     loss: str = "mse"
     from_logits: bool = False
     metrics: tuple[str, ...] = ()  # compile(metrics=...): reported per epoch on the training and validation data
+    # fit(callbacks=[EarlyStopping(monitor="val_loss", patience=..., restore_best_weights=True)])
+    patience: int | None = None
     # compile(optimizer=...): Adam's epsilon is stated because the engines' defaults differ (Keras 1e-7, torch and
     # optax 1e-8), and so is its meaning (see `Flavour`).
     optimizer: str = "adam"
@@ -130,6 +132,8 @@ def _problems(c: TrainConfig):
     unknown = [m for m in c.metrics if m not in METRICS]
     if unknown or len(set(c.metrics)) != len(c.metrics):
         yield f"metrics must be distinct names among {', '.join(METRICS)}; got {', '.join(c.metrics)}"
+    if c.patience is not None and (c.patience < 1 or not c.validate):
+        yield f"early stopping needs patience >= 1 and validate=True (it watches the validation loss), got {c.patience}"
     if c.from_logits and c.loss not in LOGIT_LOSSES:
         yield f"from_logits applies to {' and '.join(LOGIT_LOSSES)}, not to loss {c.loss!r}; drop it"
     if c.optimizer not in OPTIMIZERS:

@@ -2,8 +2,9 @@
 
     native-loops train --path jax-native   # or, in your code: from native.jax import loop
 
-State is `(trainable, non_trainable, opt_state, metrics)`: non_trainable carries BatchNorm's moving statistics and the seed
-state of Dropout and GaussianNoise, so the loop draws the masks `fit` draws. The loss is the spec's Keras loss
+State is `(trainable, non_trainable, opt_state, metrics)`: non_trainable carries BatchNorm's moving statistics and
+the seed state of Dropout and GaussianNoise, so the loop draws the masks `fit` draws; metrics is the state of the
+spec's `keras.metrics`, through their stateless API. The loss is the spec's Keras loss
 plus the losses the model adds (`return_losses=True`: regularizers, `add_loss`). The optimizer is the spec's
 (`native.jax.optim`: Keras-exact by default). Batches come as `fit` cuts them: full batches, then the short last
 one as it is, so no padded row ever reaches a layer (BatchNorm's batch statistics would see it); the step
@@ -20,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, keras_loss, keras_metrics
+from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics
 from native.jax import optim
 
 
@@ -105,6 +107,9 @@ def write_back(model, state) -> None:
 def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None) -> Result:
     """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
     batches in one compiled `lax.scan`."""
+    if cfg.patience is not None and driver == "scan":
+        raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use driver='loop' "
+                        "with patience")
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
@@ -151,7 +156,7 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     curves = {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
-    reset = state[3]
+    reset, stop = state[3], EarlyStopping(cfg.patience) if cfg.patience else None
     for epoch in range(cfg.epochs):
         losses, sizes = [], []
         for batch in batches:
@@ -167,6 +172,10 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
             curves["val_metrics"].append(values)
         if progress:
             progress(epoch + 1, cfg.epochs)
+        if stop and stop.update(epoch, curves["val_loss"][-1], lambda: state[:2]):
+            break
+    if stop:
+        state = (*stop.best_weights, *state[2:])  # restore_best_weights: the weights and state of the best epoch
     jax.block_until_ready(state)
     return state, curves, compile_seconds, time.perf_counter() - start
 

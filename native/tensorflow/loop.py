@@ -15,6 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
@@ -78,7 +79,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     step = make_step(model, loss_fn, optimizer, x, y, metrics, data.w_train)
     step.get_concrete_function()  # trace and compile now, so training time is training
     compile_seconds = time.perf_counter() - start
-    train_loss, val_loss = [], []
+    train_loss, val_loss, stop = [], [], EarlyStopping(cfg.patience) if cfg.patience else None
     start = time.perf_counter()
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         total = tf.zeros(())
@@ -95,6 +96,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
             metrics.close("val_")
         if progress:
             progress(epoch + 1, cfg.epochs)
+        if stop and stop.update(epoch, val_loss[-1], model.get_weights):
+            break
+    if stop:
+        model.set_weights(stop.best_weights)  # restore_best_weights
     seconds = time.perf_counter() - start
     return Result.from_training("tensorflow-native", "tensorflow", model.get_weights(), data, cfg, train_loss,
                                 val_loss, predict(model, data.x_test), seconds, compile_seconds,

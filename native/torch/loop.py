@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
@@ -108,7 +109,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         # once more for a short last batch.
         torch.compiler.reset()
         batch_loss = torch.compile(batch_loss)
-    metrics = EpochMetrics(cfg)
+    metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
     train_loss, val_loss, epoch_seconds = [], [], []
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         start = time.perf_counter()
@@ -136,6 +137,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         epoch_seconds.append(time.perf_counter() - start)
         if progress:
             progress(epoch + 1, cfg.epochs)
+        if stop and stop.update(epoch, val_loss[-1], model.get_weights):
+            break
+    if stop:
+        model.set_weights(stop.best_weights)  # restore_best_weights
     seconds, compile_seconds = sum(epoch_seconds), None
     if compile and len(epoch_seconds) > 1:  # the compile is the first epoch's excess over a typical epoch
         compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))

@@ -20,6 +20,8 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(schedule="piecewise", boundaries=(10,), values=(0.1,)), "one more value than boundaries"),
     (dict(schedule="cosine", warmup_steps=5), "needs both warmup_steps > 0 and warmup_target"),
     (dict(flavour="fast"), "flavour must be 'exact' or 'engine'"),
+    (dict(patience=0), "early stopping needs patience >= 1 and validate=True"),
+    (dict(patience=2, validate=False), "early stopping needs patience >= 1 and validate=True"),
 ], ids=lambda v: str(v)[:40])
 def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -29,6 +31,6 @@ def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
 def test_a_spec_travels_as_json_and_comes_back_equal():
     import json
 
-    cfg = TrainConfig(optimizer="sgd", momentum=0.9, schedule="piecewise", boundaries=(10, 20), values=(0.1, 0.01, 1e-3),
-                      metrics=("mae",), clipvalue=0.5)
+    cfg = TrainConfig(optimizer="sgd", momentum=0.9, schedule="piecewise", boundaries=(10, 20),
+                      values=(0.1, 0.01, 1e-3), metrics=("mae",), clipvalue=0.5, patience=3)
     assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg

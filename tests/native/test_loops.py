@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from compare import checks, reference
-from compare.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64
+from compare.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, ZOO_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
@@ -199,3 +199,27 @@ def test_sample_weights_change_the_objective(panel):
     weighted = har_data.prepare_recent(panel)
     plain, recent = run(weighted, data=har_data.prepare(panel)), run(weighted, data=weighted)
     assert np.max(np.abs(flat(plain.weights) - flat(recent.weights))) > 1e-3
+
+
+def test_early_stopping_stops_and_restores_where_fit_does(har):
+    """Patience 2 on the validation loss with restore_best_weights: the loop stops at fit's epoch and ends at fit's
+    best weights, from the same start and batches."""
+    import keras
+
+    from keras_side import fit
+
+    cfg = TrainConfig(epochs=20, batch_order="numpy", learning_rate=0.05, patience=2)
+
+    def trained(train):
+        keras.backend.clear_session()
+        seed_everything(0)
+        model = models.ensure_built(models.mlp_sequential(), har.x_train)
+        return train(model, har, cfg), flat(model.get_weights())
+
+    (want, want_weights), (got, got_weights) = trained(fit.train), trained(loop.train)
+    assert len(got.val_loss) == len(want.val_loss) < cfg.epochs  # it stopped, at the same epoch
+    best = int(np.argmin(want.val_loss))
+    assert best < len(want.val_loss) - 1  # and the weights came back from an earlier epoch
+    print(f"{ENGINE}: stopped after {len(got.val_loss)} of {cfg.epochs} epochs, best {best + 1}, "
+          f"gap to fit {np.max(np.abs(got_weights - want_weights)):.1e}")
+    np.testing.assert_allclose(got_weights, want_weights, atol=ZOO_ATOL, rtol=0)

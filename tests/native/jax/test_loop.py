@@ -80,3 +80,12 @@ def test_vmap_over_assets_equals_a_loop(panel):
     np.testing.assert_allclose(loss, np.mean([v for v, _ in looped]), rtol=1e-6)
     for i, g in enumerate(grads):
         np.testing.assert_allclose(g, np.mean([gs[i] for _, gs in looped], axis=0), rtol=1e-5, atol=1e-7)
+
+
+def test_the_fused_scan_refuses_early_stopping(har):
+    import pytest
+
+    from keras_side.spec import SpecError
+
+    with pytest.raises(SpecError, match="cannot stop early"):
+        jax_loop.train(models.har(), har, TrainConfig(epochs=2, patience=1), driver="scan")
