@@ -41,3 +41,17 @@ def float64():
             import jax
 
             jax.config.update("jax_enable_x64", jax_x64)
+
+
+@contextmanager
+def mixed_bfloat16():
+    """Build models inside this block to compute in bfloat16 with float32 weights (Keras's "mixed_bfloat16"
+    policy); every path, `fit` and the native loops alike, trains them as they are."""
+    import keras
+
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(policy)

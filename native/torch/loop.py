@@ -173,7 +173,8 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
 
 @torch.no_grad()
 def predict(model, x) -> np.ndarray:
-    """Inference-mode predictions as NumPy."""
+    """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16)."""
     ensure_built(model, x)
     device = next(model.parameters()).device
-    return _forward(model, _tensors(x, device), training=False).cpu().numpy()
+    outputs = _forward(model, _tensors(x, device), training=False)
+    return (outputs.float() if outputs.dtype in (torch.bfloat16, torch.float16) else outputs).cpu().numpy()

@@ -223,3 +223,27 @@ def test_early_stopping_stops_and_restores_where_fit_does(har):
     print(f"{ENGINE}: stopped after {len(got.val_loss)} of {cfg.epochs} epochs, best {best + 1}, "
           f"gap to fit {np.max(np.abs(got_weights - want_weights)):.1e}")
     np.testing.assert_allclose(got_weights, want_weights, atol=ZOO_ATOL, rtol=0)
+
+
+def test_a_mixed_bfloat16_model_trains_as_fit_trains_it(har):
+    """Under Keras's mixed_bfloat16 policy the layers compute in bfloat16 on float32 weights; the loop ends where
+    `fit` ends, from the same start and batches."""
+    import keras
+
+    from keras_side import fit
+    from keras_side.precision import mixed_bfloat16
+
+    cfg = TrainConfig(epochs=2, batch_order="numpy")
+
+    def trained(train):
+        keras.backend.clear_session()
+        seed_everything(0)
+        with mixed_bfloat16():
+            model = models.ensure_built(models.mlp_sequential(), har.x_train)
+        assert model.layers[0].compute_dtype == "bfloat16" and model.layers[0].kernel.dtype == "float32"
+        train(model, har, cfg)
+        return flat(model.get_weights())
+
+    want, got = trained(fit.train), trained(loop.train)
+    print(f"{ENGINE}: mixed_bfloat16 gap to fit {np.max(np.abs(got - want)):.1e}")
+    np.testing.assert_allclose(got, want, atol=ZOO_ATOL, rtol=0)
