@@ -87,6 +87,17 @@ class Wrapped(keras.Model):
     def call(self, x, training=None):
         return self.inner(x, training=training)
 
+    def report(self, loss, y, y_pred, sample_weight, batch_size) -> dict:
+        """Update the metrics as `fit` does, for a step that updates them in place (torch, TensorFlow): the loss
+        weighted by the batch size, the compiled metrics (which take the sample weights only as
+        `weighted_metrics`). Returns the logs, named as `fit`'s History names them."""
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss, sample_weight=batch_size)
+            else:
+                metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return self.get_metrics_result()
+
 
 def train_own_step(step_model: type[Wrapped], model: keras.Model, data: HarData, cfg: TrainConfig, *,
                    progress=None) -> Result:

@@ -28,18 +28,7 @@ class OwnStep(fit.Wrapped):
                 loss = loss + tf.add_n(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         variables = self.trainable_weights
         self.optimizer.apply(tape.gradient(loss, variables), variables)
-        return report(self, loss, y, y_pred, sample_weight)
-
-
-def report(model: keras.Model, loss, y, y_pred, sample_weight=None) -> dict:
-    """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics (Keras resets
-    them every epoch)."""
-    for metric in model.metrics:
-        if metric.name != "loss":
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-        else:
-            metric.update_state(loss, sample_weight=tf.shape(y)[0])
-    return model.get_metrics_result()  # named as fit's History names them
+        return self.report(loss, y, y_pred, sample_weight, batch_size=tf.shape(y)[0])
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:

@@ -30,18 +30,7 @@ class OwnStep(fit.Wrapped):
         variables = self.trainable_weights
         with torch.no_grad():
             self.optimizer.apply([v.value.grad for v in variables], variables)
-        return report(self, loss, y, y_pred, sample_weight)
-
-
-def report(model: keras.Model, loss, y, y_pred, sample_weight=None) -> dict:
-    """The epoch's mean loss, weighted by batch size as `fit` reports it, and the compiled metrics (Keras resets
-    them every epoch)."""
-    for metric in model.metrics:
-        if metric.name != "loss":
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-        else:
-            metric.update_state(loss, sample_weight=len(y))
-    return model.get_metrics_result()  # named as fit's History names them
+        return self.report(loss, y, y_pred, sample_weight, batch_size=len(y))
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
