@@ -91,6 +91,9 @@ def parse_names(text: str | None, known, what: str) -> list[str]:
     if unknown or not names:
         raise NativeLoopsError(f"unknown {what}(s) {', '.join(unknown) or '(none)'}; --{what}s takes a "
                                f"comma-separated list of {', '.join(known)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise NativeLoopsError(f"--{what}s names {', '.join(repeated)} more than once; give each once")
     return names
 
 

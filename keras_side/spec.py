@@ -44,6 +44,12 @@ METRICS = {  # Keras name -> Keras class: what compile(metrics=[...]) reports, p
 }
 OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 SCHEDULES = ("exponential", "cosine", "piecewise")
+# Options that belong to some optimizers or schedules only: set on another, Keras would ignore them without a word.
+OPTIMIZER_OPTIONS = {"beta_1": ("adam", "adamw"), "beta_2": ("adam", "adamw"), "rho": ("rmsprop",),
+                     "initial_accumulator_value": ("adagrad",), "epsilon": ("adam", "adamw", "rmsprop", "adagrad")}
+SCHEDULE_OPTIONS = {"decay_steps": ("exponential", "cosine"), "decay_rate": ("exponential",),
+                    "warmup_steps": ("cosine",), "warmup_target": ("cosine",), "alpha": ("cosine",),
+                    "boundaries": ("piecewise",), "values": ("piecewise",)}
 KERAS_ADAMW_DECAY = 0.004  # keras.optimizers.AdamW's default weight_decay (torch's is 0.01, optax's 1e-4)
 FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -120,8 +126,9 @@ class TrainConfig:
 
 def _problems(c: TrainConfig):
     """Every reason the spec cannot be honoured, as user-facing lines (the first one is raised)."""
-    if c.epochs < 1 or c.batch_size < 1:
-        yield f"epochs and batch_size must be >= 1, got {c.epochs} and {c.batch_size}"
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (c.epochs, c.batch_size, c.seed))
+    if not whole or c.epochs < 1 or c.batch_size < 1:
+        yield f"epochs and batch_size must be whole numbers >= 1 (and seed whole), got {c.epochs} and {c.batch_size}"
     if c.batch_order not in ("engine", "numpy"):
         yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
     if c.flavour not in ("exact", "engine"):
@@ -133,7 +140,8 @@ def _problems(c: TrainConfig):
     if unknown or len(set(c.metrics)) != len(c.metrics):
         yield f"metrics must be distinct names among {', '.join(METRICS)}; got {', '.join(c.metrics)}"
     if c.patience is not None and (c.patience < 1 or not c.validate):
-        yield f"early stopping needs patience >= 1 and validate=True (it watches the validation loss), got {c.patience}"
+        yield (f"early stopping needs patience >= 1 and validate=True (it watches the validation loss), "
+               f"got {c.patience}")
     if c.from_logits and c.loss not in LOGIT_LOSSES:
         yield f"from_logits applies to {' and '.join(LOGIT_LOSSES)}, not to loss {c.loss!r}; drop it"
     if c.optimizer not in OPTIMIZERS:
@@ -148,14 +156,30 @@ def _problems(c: TrainConfig):
         yield "nesterov needs optimizer='sgd' with momentum > 0"
     if c.weight_decay is not None and (c.optimizer != "adamw" or c.weight_decay < 0):
         yield f"weight_decay (>= 0) is supported with optimizer='adamw' only, got {c.weight_decay} for {c.optimizer}"
-    if c.epsilon < 0:
-        yield f"epsilon must be >= 0, got {c.epsilon}"
+    if c.epsilon < 0 or c.initial_accumulator_value < 0:
+        yield f"epsilon and initial_accumulator_value must be >= 0, got {c.epsilon} and {c.initial_accumulator_value}"
+    for name in ("beta_1", "beta_2", "rho"):
+        if not 0 <= getattr(c, name) < 1:
+            yield f"{name} must be in [0, 1), got {getattr(c, name)}"
     clips = [n for n in ("clipnorm", "global_clipnorm", "clipvalue") if getattr(c, n) is not None]
     if len(clips) > 1:
         yield f"set at most one of clipnorm, global_clipnorm and clipvalue (as Keras), got {', '.join(clips)}"
-    if any(getattr(c, n) <= 0 for n in clips):
-        yield f"{clips[0]} must be > 0"
+    if any(not (math.isfinite(getattr(c, n)) and getattr(c, n) > 0) for n in clips):
+        yield f"{clips[0]} must be a positive number, got {getattr(c, clips[0])}"
+    yield from _unused_options(c)
     yield from _schedule_problems(c)
+
+
+def _unused_options(c: TrainConfig):
+    """An option changed from its default on an optimizer or schedule that does not use it."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for name, owners in OPTIMIZER_OPTIONS.items():
+        if getattr(c, name) != defaults[name] and c.optimizer not in owners:
+            yield f"{name} is an option of {', '.join(owners)}, not of optimizer {c.optimizer!r}; drop it"
+    for name, owners in SCHEDULE_OPTIONS.items():
+        if getattr(c, name) != defaults[name] and c.schedule not in owners:
+            yield (f"{name} is an option of the {' and '.join(owners)} schedule, not of schedule={c.schedule!r}; "
+                   "drop it")
 
 
 def _schedule_problems(c: TrainConfig):
@@ -170,8 +194,14 @@ def _schedule_problems(c: TrainConfig):
             yield "piecewise boundaries must increase and its values (rates) must be > 0"
     elif c.decay_steps < 1:
         yield f"decay_steps must be >= 1, got {c.decay_steps}"
-    elif c.schedule == "cosine" and (c.warmup_steps < 0 or (c.warmup_steps > 0) != (c.warmup_target is not None)):
-        yield "a cosine warmup needs both warmup_steps > 0 and warmup_target (the rate reached after the warmup)"
+    elif c.schedule == "exponential" and not c.decay_rate > 0:
+        yield f"decay_rate must be > 0, got {c.decay_rate}"
+    elif c.schedule == "cosine" and not 0 <= c.alpha <= 1:
+        yield f"alpha (the cosine's floor, a share of the rate) must be in [0, 1], got {c.alpha}"
+    elif c.schedule == "cosine" and (c.warmup_steps < 0 or (c.warmup_steps > 0) != (c.warmup_target is not None)
+                                     or (c.warmup_target is not None and not c.warmup_target > 0)):
+        yield ("a cosine warmup needs both warmup_steps > 0 and warmup_target > 0 (the rate reached after the "
+               "warmup)")
 
 
 def resolve(spec: str):

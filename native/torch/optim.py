@@ -2,7 +2,7 @@
 flavours.
 
     optimizer, scheduler, clip = optim.build(params, cfg)     # cfg.flavour: "exact" (default) or "engine"
-    loss.backward(); clip(params); optimizer.step(); scheduler.step()
+    loss.backward(); clip(params); optimizer.step(); scheduler.step()   # clip, scheduler: None when unused
 
 "exact" is Keras's update as a `torch.optim.Optimizer`, written op for op as Keras's own optimizers compute it on
 this backend (keras/src/backend/torch/optimizers: `torch._foreach_*` in float32), so the loop steps as `fit` does

@@ -55,11 +55,12 @@ def test_every_optimizer_setting_on_two_models(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--models", "har,resnet"], "unknown model(s) resnet"),
+    (["--models", "har,bn_mlp,har"], "--models names har more than once"),
     (["--optimizers", "lion"], "unknown optimizer(s) lion"),
     (["--rows", "0"], "--rows must be at least 1"),
     (["--epochs", "0"], "--epochs must be at least 1"),
     (["--engines", "torch,mxnet"], "unknown engine(s) mxnet"),
-], ids=["model", "optimizer", "rows", "epochs", "engine"])
+], ids=["model", "repeated", "optimizer", "rows", "epochs", "engine"])
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, args, message):
     code, out, err = run_cli([*args, "--out", str(tmp_path / "run")])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
