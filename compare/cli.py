@@ -46,8 +46,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one path in this process and print its slopes, test MSE and time")
     _data_options(p)
     _train_options(p)
-    p.add_argument("--path", required=True, help="keras-<engine>, <engine>-native, jax-native-scan or "
-                   "torch-native-compile, e.g. jax-native")
+    p.add_argument("--path", required=True, help="keras-<engine>, keras-<engine>-train-step, <engine>-native, "
+                   "jax-native-scan or torch-native-compile, e.g. jax-native")
 
     p = sub.add_parser("compare", help="every path on every engine, the parity checks and the report")
     _data_options(p)

@@ -190,22 +190,9 @@ def print_zoo(zoo: dict) -> None:
     """The zoo matrix: per model and path, the worst gap to `fit` over the optimizers on each engine (✓ within the
     tolerance; the engine-optimizer path is measured, not judged), then the worst gap per optimizer."""
     cells, tolerance = zoo["cells"], zoo["tolerance"]
-    engines = list(dict.fromkeys(c["engine"] for c in cells))
-    table = Table("model", "path", *engines, title=f"largest weight gap to fit after {zoo['epochs']} epoch(s), "
-                  f"same weights and batches (tolerance {tolerance:g} for the Keras-exact optimizer)",
-                  title_justify="left")
-    for model, path in dict.fromkeys((c["model"], c["path"]) for c in cells):
-        row = [_worst([c for c in cells if (c["model"], c["path"], c["engine"]) == (model, path, e)])
-               for e in engines]
-        table.add_row(model, path, *row)
-    console().print(table)
-    per_optimizer = Table("optimizer", "path", *engines, title="largest gap per optimizer setting, over the models",
-                          title_justify="left")
-    for optimizer, path in dict.fromkeys((c["optimizer"], c["path"]) for c in cells):
-        row = [_worst([c for c in cells if (c["optimizer"], c["path"], c["engine"]) == (optimizer, path, e)])
-               for e in engines]
-        per_optimizer.add_row(optimizer, path, *row)
-    console().print(per_optimizer)
+    console().print(_gap_table(cells, "model", f"largest weight gap to fit after {zoo['epochs']} epoch(s), same "
+                               f"weights and batches (tolerance {tolerance:g} for the Keras-exact optimizer)"))
+    console().print(_gap_table(cells, "optimizer", "largest gap per optimizer setting, over the models"))
     for cell in (c for c in cells if c.get("error")):
         console().print(f"[red]✗[/red] {cell['model']} {cell['engine']} {cell['path']} {cell['optimizer']}: "
                         f"{cell['error']}")
@@ -214,6 +201,16 @@ def print_zoo(zoo: dict) -> None:
     judged = [c for c in cells if c["judged"]]
     console().print(f"{sum(c['passed'] for c in judged)} of {len(judged)} judged cells within {tolerance:g} (weights) "
                     f"and {zoo['history_tolerance']:g} (the loss and metrics reported per epoch)")
+
+
+def _gap_table(cells: list[dict], by: str, title: str) -> Table:
+    """One row per (`by`, path), one column per engine: the worst cell of each."""
+    engines = list(dict.fromkeys(c["engine"] for c in cells))
+    table = Table(by, "path", *engines, title=title, title_justify="left")
+    for key, path in dict.fromkeys((c[by], c["path"]) for c in cells):
+        table.add_row(key, path, *(_worst([c for c in cells if (c[by], c["path"], c["engine"]) == (key, path, e)])
+                                   for e in engines))
+    return table
 
 
 def _worst(cells: list[dict]) -> str:
