@@ -18,12 +18,16 @@ from keras_side.spec import TrainConfig
 
 
 def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model (default: %(default)s)",
-                  asset_default: str | None = har_data.DEFAULT_ASSET) -> None:
+                  asset_default: str | None = har_data.DEFAULT_ASSET, validation: bool = True) -> None:
     p.add_argument("--data", metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, rv_5min); "
                    "default: the embedded synthetic panel")
     p.add_argument("--asset", default=asset_default, help=asset_help)
     p.add_argument("--split", default=har_data.DEFAULT_SPLIT, help="first test day (default: %(default)s)")
     p.add_argument("--end", default=None, help="last test day (default: the last day of the data)")
+    if validation:
+        p.add_argument("--validation", choices=har_data.VALIDATIONS, default=har_data.DEFAULT_VALIDATION,
+                       help="where the validation curve is measured: the year before --split, left out of training "
+                       "(default), or the test split itself (the lesson's test-set curve)")
 
 
 def _train_options(p: argparse.ArgumentParser) -> None:
@@ -66,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")
     _data_options(p, asset_help="asset whose forecasts forecasts.png shows (default: the first of --assets)",
-                  asset_default=None)
+                  asset_default=None, validation=False)
     _train_options(p)
     p.add_argument("--assets", default=None, help="comma-separated assets (default: all)")
     p.add_argument("--devices", type=int, default=2, help="also shard the models over this many devices (on CPU: "

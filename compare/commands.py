@@ -27,7 +27,8 @@ def data(args: argparse.Namespace) -> int:
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
     panel, source = load(args, seed=args.seed)
-    fits = {a: reference.ols_for(panel, a, args.split, args.end) for a in sorted(panel["activo"].unique())}
+    fits = {a: reference.ols_for(panel, a, args.split, args.end, validation=args.validation)
+            for a in sorted(panel["activo"].unique())}
     if args.out:
         synthetic.write_parquet(panel, args.out, seed=args.seed)
     report.print_data_summary(panel, source, fits, synthetic.TRUE if args.data is None else None)
@@ -61,8 +62,7 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
 def train(args: argparse.Namespace) -> int:
     path, cfg = paths.get(args.path), train_config(args)
     panel, source = load(args)
-    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
-    fit = reference.ols_for(panel, args.asset, args.split, args.end)
+    prepared, fit = prepare_har(args, panel, source)
     use_backend(path.engine)
     from keras_side import models as builders
     from keras_side.determinism import seed_everything
@@ -71,6 +71,13 @@ def train(args: argparse.Namespace) -> int:
     result = path.train(builders.har(), prepared, cfg)
     report.print_paths_table(fit, {result.path: result}, prepared)
     return 0
+
+
+def prepare_har(args: argparse.Namespace, panel, source: str):
+    """The HAR data set of --asset, split by --split/--end/--validation, and its OLS on the same training rows."""
+    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, validation=args.validation,
+                                source=source)
+    return prepared, reference.ols_for(panel, args.asset, args.split, args.end, validation=args.validation)
 
 
 def default_out() -> Path:
@@ -106,21 +113,20 @@ def compare(args: argparse.Namespace) -> int:
     engines = parse_engines(args.engines)
     cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None)
     panel, source = load(args)
-    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
-    ols = reference.ols_for(panel, args.asset, args.split, args.end)
+    prepared, ols = prepare_har(args, panel, source)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
             outcome = runner.run(prepared, cfg, engines, tmp, float64=args.float64, on_event=on_event)
         results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick)
         report.print_paths_table(ols, results, prepared)
-        report.print_curves(results)
+        report.print_curves(results, prepared, ols)
         report.print_checks(found, outcome.failed)
         if args.quick:
             report.console().print(f"--quick: {cfg.epochs} epochs, so ols_reached is not judged")
         summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {"quick": args.quick}
         write_json(tmp / "report.json", summary)
-        figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.test_mse)
+        figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse)
         figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"] for n, r in results.items()},
                        ols.slope_dict())
     report.console().print(f"report: {out}/report.json, curves.png, slopes.png")
@@ -135,7 +141,7 @@ def bench(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
     cfg = train_config(args)
     panel, source = load(args)
-    prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, source=source)
+    prepared, _ = prepare_har(args, panel, source)
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
@@ -197,13 +203,14 @@ def zoo(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--rows must be at least 1, got {args.rows}")
     panel, source = load(args)
     for kind in {zoo_matrix.ZOO[m].data for m in models}:  # bad --asset/--split/--end stop here, before any worker
-        har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end)
+        har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
+                              validation=args.validation)
     out = Path(args.out) if args.out else default_out()
     cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e)) for e in engines)
     with atomic_folder(out) as tmp, report.cell_progress(cells) as on_cell:
         found = zoo_matrix.run(panel, models=models, engines=engines, optimizers=optimizers, folder=tmp,
                                epochs=cfg.epochs, rows=args.rows, seed=cfg.seed, asset=args.asset, split=args.split,
-                               end=args.end, on_cell=on_cell)
+                               end=args.end, validation=args.validation, on_cell=on_cell)
         report.print_zoo(found)
         write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers})
         figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])

@@ -1,7 +1,9 @@
 """From a daily panel to the float32 arrays every path trains on.
 
     validate schema -> log RV -> HAR features (d1, s5, m22, lev: all known the evening before)
-    -> date split (train < split <= test) -> standardize with TRAINING statistics only -> HarData
+    -> date split (train < split <= test) -> the validation rows: the last year before the split, carved out of
+    training (or, with validation="test", the test split itself: the lesson's curve)
+    -> standardize with TRAINING statistics only -> HarData
 """
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ DEFAULT_SPLIT = "2018-01-01"
 DEFAULT_DATA_SEED = 0
 # Below this a side of the split cannot carry a 22-day window, four coefficients and a validation curve.
 MIN_ROWS_PER_SIDE = 50
+# Where the validation curve is measured: "last-year", the year before the split, which training then leaves out
+# (the test split stays untouched until the final report); or "test", the test split itself, as the lesson plots it.
+VALIDATIONS = ("last-year", "test")
+DEFAULT_VALIDATION = "last-year"
 
 
 def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED) -> tuple[pd.DataFrame, str]:
@@ -120,12 +126,32 @@ def split_dates(design: pd.DataFrame, split: str, end: str | None) -> tuple[pd.D
         raise HarDataError(f"end date {end_ts:%Y-%m-%d} is before the split date {split_ts:%Y-%m-%d}; move --end")
     train = design[design.index < split_ts]
     test = design[(design.index >= split_ts) & (design.index <= end_ts)]
-    for name, side in (("training", train), ("test", test)):
+    _enough(("training", train), ("test", test))
+    return train, test
+
+
+def split_three(design: pd.DataFrame, split: str, end: str | None,
+                validation: str = DEFAULT_VALIDATION) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(train, validation, test) rows: `split_dates`, then the validation rows. With "last-year" they are the year
+    before the split date, [split - 1 year, split), which training then leaves out; with "test" training keeps every
+    row before the split and the validation rows are the test split (the lesson's test-set curve)."""
+    if validation not in VALIDATIONS:
+        raise HarDataError(f"unknown validation {validation!r}; --validation takes {' or '.join(VALIDATIONS)}")
+    train, test = split_dates(design, split, end)
+    if validation == "test":
+        return train, test, test
+    start = _date(split, "--split") - pd.DateOffset(years=1)
+    val, train = train[train.index >= start], train[train.index < start]
+    _enough(("training (before the validation year)", train), ("validation", val))
+    return train, val, test
+
+
+def _enough(*sides: tuple[str, pd.DataFrame]) -> None:
+    for name, side in sides:
         if len(side) < MIN_ROWS_PER_SIDE:
             raise HarDataError(
                 f"only {len(side)} {name} rows (need at least {MIN_ROWS_PER_SIDE}); move --split or --end"
             )
-    return train, test
 
 
 def _date(text: str, flag: str) -> pd.Timestamp:
@@ -136,103 +162,122 @@ def _date(text: str, flag: str) -> pd.Timestamp:
 
 
 def standardize(
-    train: pd.DataFrame, test: pd.DataFrame, inputs: tuple[tuple[str, ...], ...], *, asset: str, source: str,
-    extra_inputs: tuple[np.ndarray, np.ndarray] | None = None,
+    sides: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame], inputs: tuple[tuple[str, ...], ...], *, asset: str,
+    source: str, validation: str, targets: tuple[str, ...] = ("y",), extra_inputs: tuple[np.ndarray, ...] = (),
 ) -> HarData:
-    """Scale with training statistics only; group the columns into the model's inputs (float32)."""
+    """Scale the (train, validation, test) rows with training statistics only; group the columns into the model's
+    inputs (float32). Every target is log RV, so each is scaled with the statistics of "y"; several targets (a model
+    with several outputs) travel as a tuple. `extra_inputs`: one more input array per side (the panel's ids)."""
+    train = sides[0]
     names = tuple(c for group in inputs for c in group)
     x_mean = train[list(names)].mean().to_numpy()
     x_std = train[list(names)].std(ddof=0).to_numpy()
     y_mean, y_std = float(train["y"].mean()), float(train["y"].std(ddof=0))
     scaling = Scaling(x_mean=x_mean, x_std=x_std, y_mean=y_mean, y_std=y_std)
 
-    def arrays(side: pd.DataFrame):
+    def arrays(side: pd.DataFrame, extra):
         z = ((side[list(names)].to_numpy() - x_mean) / x_std).astype(np.float32)
         groups, i = [], 0
         for group in inputs:
             groups.append(z[:, i : i + len(group)])
             i += len(group)
-        y = ((side["y"].to_numpy() - y_mean) / y_std).astype(np.float32).reshape(-1, 1)
-        return groups, y
+        groups += [extra] if extra is not None else []
+        ys = [((side[t].to_numpy() - y_mean) / y_std).astype(np.float32).reshape(-1, 1) for t in targets]
+        return tuple(groups) if len(groups) > 1 else groups[0], tuple(ys) if len(ys) > 1 else ys[0]
 
-    (x_train, y_train), (x_test, y_test) = arrays(train), arrays(test)
-    if extra_inputs is not None:
-        x_train.append(extra_inputs[0])
-        x_test.append(extra_inputs[1])
-    pack = (lambda g: tuple(g)) if len(x_train) > 1 else (lambda g: g[0])
-    return HarData(pack(x_train), y_train, pack(x_test), y_test, scaling, names, asset, source)
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
+        arrays(side, extra_inputs[k] if extra_inputs else None) for k, side in enumerate(sides))
+    return HarData(x_train, y_train, x_val, y_val, x_test, y_test, scaling, names, asset, source,
+                   validation=validation)
 
 
 def prepare(
     panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT, end: str | None = None,
-    leverage: bool = False, source: str = "",
+    validation: str = DEFAULT_VALIDATION, leverage: bool = False, source: str = "",
 ) -> HarData:
     """The HAR data set of one asset: one input (d1, s5, m22), or two with `leverage` (HAR means; lev)."""
-    train, test = split_dates(har_features(panel, asset), split, end)
+    sides = split_three(har_features(panel, asset), split, end, validation)
     inputs = (HAR, LEVERAGE) if leverage else (HAR,)
-    return standardize(train, test, inputs, asset=asset, source=source)
+    return standardize(sides, inputs, asset=asset, source=source, validation=validation)
 
 
 def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str | None = None,
-                  source: str = "") -> HarData:
+                  validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """All assets stacked, for the panel model: inputs (d1, s5, m22) and the integer asset id (n, 1)."""
     assets = sorted(panel["activo"].unique())
-    sides = [split_dates(har_features(panel, a), split, end) for a in assets]
-    train = pd.concat([s[0] for s in sides])
-    test = pd.concat([s[1] for s in sides])
-    ids = [np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(sides)]) for k in (0, 1)]
-    return standardize(train, test, (HAR,), asset="all", source=source, extra_inputs=(ids[0], ids[1]))
+    per_asset = [split_three(har_features(panel, a), split, end, validation) for a in assets]
+    sides = tuple(pd.concat([s[k] for s in per_asset]) for k in range(3))
+    ids = tuple(np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(per_asset)])
+                for k in range(3))
+    return standardize(sides, (HAR,), asset="all", source=source, validation=validation, extra_inputs=ids)
 
 
 def prepare_sequences(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
-                      end: str | None = None, source: str = "") -> HarData:
+                      end: str | None = None, validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """For sequence models: the last 22 days of log RV, oldest first, (n, 22, 1); the target is the day's log RV.
     The same days as the HAR design, both standardized with the training days' log RV mean and std."""
     design = har_features(panel, asset)
     log_rv = np.log(panel[panel["activo"] == asset].set_index("fecha")["rv_5min"])
     lags = pd.concat([log_rv.shift(k) for k in range(SEQUENCE_DAYS, 0, -1)], axis=1).loc[design.index]
-    train, test = split_dates(design, split, end)
-    mean, std = float(train["y"].mean()), float(train["y"].std(ddof=0))
+    sides = split_three(design, split, end, validation)
+    mean, std = float(sides[0]["y"].mean()), float(sides[0]["y"].std(ddof=0))
 
     def arrays(side: pd.DataFrame):
         x = (lags.loc[side.index].to_numpy() - mean) / std
         return x[..., None].astype(np.float32), ((side["y"].to_numpy() - mean) / std).astype(np.float32)[:, None]
 
     scaling = Scaling(np.full(1, mean), np.full(1, std), mean, std)
-    return HarData(*arrays(train), *arrays(test), scaling, ("log_rv_lags",), asset, source)
+    return HarData(*(a for side in sides for a in arrays(side)), scaling, ("log_rv_lags",), asset, source,
+                   validation=validation)
 
 
 def prepare_direction(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
-                      end: str | None = None, source: str = "") -> HarData:
+                      end: str | None = None, validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """For a classifier: the standardized HAR means and, as target, 1.0 when the day's return is positive."""
-    data = prepare(panel, asset=asset, split=split, end=end, source=source)
-    train, test = split_dates(har_features(panel, asset), split, end)
+    data = prepare(panel, asset=asset, split=split, end=end, validation=validation, source=source)
+    sides = split_three(har_features(panel, asset), split, end, validation)
     returns = panel[panel["activo"] == asset].set_index("fecha")["rendimiento"]
-    up = [(returns.loc[side.index].to_numpy() > 0).astype(np.float32)[:, None] for side in (train, test)]
+    up = [(returns.loc[side.index].to_numpy() > 0).astype(np.float32)[:, None] for side in sides]
     scaling = dataclasses.replace(data.scaling, y_mean=0.0, y_std=1.0)  # a probability: no units to restore
-    return dataclasses.replace(data, y_train=up[0], y_test=up[1], scaling=scaling)
+    return dataclasses.replace(data, y_train=up[0], y_val=up[1], y_test=up[2], scaling=scaling)
+
+
+HORIZON_DAYS = 5  # the second output of a two-horizon model: the mean log RV of the next 5 days, t to t+4
+
+
+def prepare_horizons(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
+                     end: str | None = None, validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
+    """For a two-output model: the HAR means, and two targets, the day's log RV and the mean log RV of the
+    `HORIZON_DAYS` days from it (a tuple, as Keras takes the targets of a two-output model); days whose horizon
+    runs past the data are dropped."""
+    design = har_features(panel, asset)
+    log_rv = np.log(panel[panel["activo"] == asset].set_index("fecha")["rv_5min"])
+    design["y5"] = log_rv.rolling(HORIZON_DAYS).mean().shift(1 - HORIZON_DAYS)
+    sides = split_three(design.dropna(), split, end, validation)
+    return standardize(sides, (HAR,), asset=asset, source=source, validation=validation, targets=("y", "y5"))
 
 
 RECENT_HALF_LIFE = 252  # trading days: a year-old day counts half as much as the last training day
 
 
 def prepare_recent(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
-                   end: str | None = None, source: str = "") -> HarData:
-    """The HAR data set with a weight per training day, halving every `RECENT_HALF_LIFE` days back from the split:
-    trained with these as `sample_weight`, the HAR is weighted least squares that favours recent volatility."""
-    data = prepare(panel, asset=asset, split=split, end=end, source=source)
+                   end: str | None = None, validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
+    """The HAR data set with a weight per training day, halving every `RECENT_HALF_LIFE` days back from the last
+    training day: trained with these as `sample_weight`, the HAR is weighted least squares that favours recent
+    volatility."""
+    data = prepare(panel, asset=asset, split=split, end=end, validation=validation, source=source)
     age = np.arange(data.n_train)[::-1]
     return dataclasses.replace(data, w_train=(0.5 ** (age / RECENT_HALF_LIFE)).astype(np.float32))
 
 
-KINDS = ("har", "recent", "sequence", "direction", "panel")
+KINDS = ("har", "recent", "sequence", "direction", "horizons", "panel")
 
 
 def prepare_kind(panel: pd.DataFrame, kind: str, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
-                 end: str | None = None, source: str = "") -> HarData:
+                 end: str | None = None, validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """The data set a zoo model trains on (see `keras_side.zoo`)."""
     if kind == "panel":
-        return prepare_panel(panel, split=split, end=end, source=source)
+        return prepare_panel(panel, split=split, end=end, validation=validation, source=source)
     build = {"har": prepare, "recent": prepare_recent, "sequence": prepare_sequences,
-             "direction": prepare_direction}[kind]
-    return build(panel, asset=asset, split=split, end=end, source=source)
+             "direction": prepare_direction, "horizons": prepare_horizons}[kind]
+    return build(panel, asset=asset, split=split, end=end, validation=validation, source=source)

@@ -19,36 +19,44 @@ class Ols:
     features: tuple[str, ...]
     train_mse: float
     test_mse: float
+    val_mse: float = float("nan")  # on the validation rows (what the validation curves approach)
 
     def slope_dict(self) -> dict[str, float]:
         return dict(zip(self.features, map(float, self.slopes)))
 
 
-def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...] = har_data.HAR) -> Ols:
-    """Float64 `lstsq` on the training rows of a HAR design; test MSE on the test rows (NaN without them)."""
+def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...] = har_data.HAR,
+        val: pd.DataFrame | None = None) -> Ols:
+    """Float64 `lstsq` on the training rows of a HAR design; MSE on the test and validation rows (NaN without
+    them)."""
     design = _with_intercept(train[list(features)].to_numpy(np.float64))
     y = train["y"].to_numpy(np.float64)
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     resid = y - design @ coef
     sigma2 = resid @ resid / (len(y) - design.shape[1])
     cov = sigma2 * np.linalg.inv(design.T @ design)
-    test_mse = np.nan
-    if test is not None:
-        test_pred = _with_intercept(test[list(features)].to_numpy(np.float64)) @ coef
-        test_mse = float(np.mean((test["y"].to_numpy() - test_pred) ** 2))
+    def mse_on(rows: pd.DataFrame | None) -> float:
+        if rows is None:
+            return float("nan")
+        pred = _with_intercept(rows[list(features)].to_numpy(np.float64)) @ coef
+        return float(np.mean((rows["y"].to_numpy() - pred) ** 2))
     return Ols(
         intercept=float(coef[0]),
         slopes=coef[1:],
         std_errors=np.sqrt(np.diag(cov))[1:],
         features=tuple(features),
         train_mse=float(np.mean(resid**2)),
-        test_mse=test_mse,
+        test_mse=mse_on(test),
+        val_mse=mse_on(val),
     )
 
 
-def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=har_data.HAR) -> Ols:
-    train, test = har_data.split_dates(har_data.har_features(panel, asset), split, end)
-    return ols(train, test, features)
+def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=har_data.HAR,
+            validation: str = har_data.DEFAULT_VALIDATION) -> Ols:
+    """OLS on the rows the models train on (`compare.data.split_three`: the validation year left out, unless
+    `validation="test"`)."""
+    train, val, test = har_data.split_three(har_data.har_features(panel, asset), split, end, validation)
+    return ols(train, test, features, val)
 
 
 def _with_intercept(x: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], t
     out = console()
     out.print(f"[bold]data[/bold]: {source}, {len(panel):,} rows")
     table = Table("asset", "rows", "first", "last", "d1", "s5", "m22", "intercept", "test MSE",
-                  title="OLS per asset (HAR on log RV, train < split <= test)")
+                  title="OLS per asset (HAR on log RV, fitted on the training rows, MSE on the test split)")
     by_asset = panel.groupby("activo")["fecha"].agg(["count", "min", "max"])
     for asset, fit in fits.items():
         row = by_asset.loc[asset]
@@ -52,8 +52,10 @@ def report_json(data: HarData, ols: Ols, cfg: TrainConfig, results: dict[str, Re
         "config": cfg.to_dict(),
         "seed": cfg.seed,
         "versions": versions(),
-        "data": {"source": data.source, "asset": data.asset, "n_train": data.n_train, "n_test": data.n_test},
-        "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse},
+        "data": {"source": data.source, "asset": data.asset, "validation": data.validation, "n_train": data.n_train,
+                 "n_val": data.n_val, "n_test": data.n_test},
+        "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse,
+                "val_mse": ols.val_mse},
         "paths": {name: path_summary(r, data) for name, r in (results or {}).items()},
         "checks": [dataclasses.asdict(c) for c in checks],
         "incomplete": [{"engine": e, "reason": why} for e, why in (incomplete or {}).items()],
@@ -99,10 +101,12 @@ def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> No
 CURVE_EPOCHS = (1, 2, 3, 5, 10, 20, 40)
 
 
-def print_curves(results: dict[str, Result]) -> None:
-    """Validation MSE (original units) at the lesson's epochs."""
+def print_curves(results: dict[str, Result], data: HarData, ols: Ols) -> None:
+    """Validation MSE (original units) at the lesson's epochs, and OLS's on the same rows."""
     epochs = [e for e in CURVE_EPOCHS if any(len(r.val_loss) >= e for r in results.values())]
-    table = Table("path", *(f"ep {e}" for e in epochs), title="validation MSE by epoch", title_justify="left")
+    where = "the year before the split" if data.validation == "last-year" else "the test split"
+    table = Table("path", *(f"ep {e}" for e in epochs), title=f"validation MSE by epoch, on {where} "
+                  f"({data.n_val:,} days; OLS {ols.val_mse:.4f})", title_justify="left")
     for name, r in results.items():
         table.add_row(name, *(f"{r.val_loss[e - 1]:.4f}" if len(r.val_loss) >= e else "" for e in epochs))
     console().print(table)

@@ -42,18 +42,21 @@ def _first_rows(data: HarData, rows: int | None) -> HarData:
         return data
     keep = slice(0, rows)
     weights = None if data.w_train is None else data.w_train[keep]
-    return dataclasses.replace(data, x_train=take(data.x_train, keep), y_train=data.y_train[keep], w_train=weights)
+    return dataclasses.replace(data, x_train=take(data.x_train, keep), y_train=take(data.y_train, keep),
+                               w_train=weights)
 
 
 def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,
         epochs: int = ZOO_EPOCHS, rows: int | None = None, seed: int = 0, asset: str = har_data.DEFAULT_ASSET,
-        split: str = har_data.DEFAULT_SPLIT, end: str | None = None, on_cell=lambda cell: None) -> dict:
+        split: str = har_data.DEFAULT_SPLIT, end: str | None = None, validation: str = har_data.DEFAULT_VALIDATION,
+        on_cell=lambda cell: None) -> dict:
     """Every cell on every engine; `rows` trains on the first rows only (the fast subset). Returns zoo.json."""
     kinds = sorted({ZOO[m].data for m in models})
     files = {}
     for kind in kinds:
         files[kind] = str(folder / f"zoo-{kind}.npz")
-        _first_rows(har_data.prepare_kind(panel, kind, asset=asset, split=split, end=end), rows).save(files[kind])
+        prepared = har_data.prepare_kind(panel, kind, asset=asset, split=split, end=end, validation=validation)
+        _first_rows(prepared, rows).save(files[kind])
     cells = []
 
     def on_event(engine: str, event: dict) -> None:

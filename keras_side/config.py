@@ -37,66 +37,89 @@ class Scaling:
         return intercept, slopes
 
 
+SPLITS = ("train", "val", "test")
+
+
 @dataclass(frozen=True)
 class HarData:
     """Float32 model inputs and targets (standardized with training statistics) plus what maps them back.
 
-    `x_train`/`x_test` are one array, or a tuple of arrays for models with several inputs (panel, leverage).
-    `w_train`, when given, weighs each training row in the loss and the metrics (`fit`'s `sample_weight`).
+    Three splits: `train` (what a model trains on), `val` (its validation curve after every epoch: the year before
+    the split date, carved out of training, or the test split itself when `validation == "test"`) and `test` (the
+    final report). `x_*` is one array, or a tuple of arrays for models with several inputs (panel, leverage); `y_*`
+    one array, or a tuple for models with several outputs (one target per output). `w_train`, when given, weighs
+    each training row in the loss (`fit`'s `sample_weight`).
     """
 
     x_train: np.ndarray | tuple[np.ndarray, ...]
-    y_train: np.ndarray
+    y_train: np.ndarray | tuple[np.ndarray, ...]
+    x_val: np.ndarray | tuple[np.ndarray, ...]
+    y_val: np.ndarray | tuple[np.ndarray, ...]
     x_test: np.ndarray | tuple[np.ndarray, ...]
-    y_test: np.ndarray
+    y_test: np.ndarray | tuple[np.ndarray, ...]
     scaling: Scaling
     features: tuple[str, ...]
     asset: str
     source: str
     w_train: np.ndarray | None = None
+    validation: str = "last-year"
 
     def save(self, path: Path) -> None:
         """One `.npz` that a worker process reloads: the arrays plus the scaling and labels."""
-        arrays = {}
-        for split in ("train", "test"):
-            x = getattr(self, f"x_{split}")
-            for i, a in enumerate(x if isinstance(x, tuple) else (x,)):
-                arrays[f"x_{split}_{i}"] = a
-            arrays[f"y_{split}"] = getattr(self, f"y_{split}")
+        arrays, counts = {}, {}
+        for name in (f"{xy}_{split}" for split in SPLITS for xy in "xy"):
+            value = getattr(self, name)
+            parts = value if isinstance(value, tuple) else (value,)
+            arrays |= {f"{name}_{i}": a for i, a in enumerate(parts)}
+            counts[name] = len(parts) if isinstance(value, tuple) else 0  # 0: one array, not a tuple
         arrays |= {"x_mean": self.scaling.x_mean, "x_std": self.scaling.x_std}
         if self.w_train is not None:
             arrays["w_train"] = self.w_train
-        inputs = len(self.x_train) if isinstance(self.x_train, tuple) else 1
         meta = {"y_mean": self.scaling.y_mean, "y_std": self.scaling.y_std, "features": self.features,
-                "asset": self.asset, "source": self.source, "inputs": inputs}
+                "asset": self.asset, "source": self.source, "validation": self.validation, "counts": counts}
         np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
     def load(cls, path: Path) -> HarData:
         with np.load(path) as z:
             meta = json.loads(str(z["meta"]))
-            xs = {s: tuple(z[f"x_{s}_{i}"] for i in range(meta["inputs"])) for s in ("train", "test")}
-            xs = {s: x if len(x) > 1 else x[0] for s, x in xs.items()}
+            arrays = {name: tuple(z[f"{name}_{i}"] for i in range(count)) if count else z[f"{name}_0"]
+                      for name, count in meta["counts"].items()}
             scaling = Scaling(z["x_mean"], z["x_std"], meta["y_mean"], meta["y_std"])
-            return cls(xs["train"], z["y_train"], xs["test"], z["y_test"], scaling, tuple(meta["features"]),
-                       meta["asset"], meta["source"], z["w_train"] if "w_train" in z.files else None)
+            return cls(**arrays, scaling=scaling, features=tuple(meta["features"]), asset=meta["asset"],
+                       source=meta["source"], w_train=z["w_train"] if "w_train" in z.files else None,
+                       validation=meta["validation"])
 
     @property
     def n_train(self) -> int:
-        return len(self.y_train)
+        return len(first(self.y_train))
+
+    @property
+    def n_val(self) -> int:
+        return len(first(self.y_val))
 
     @property
     def n_test(self) -> int:
-        return len(self.y_test)
+        return len(first(self.y_test))
+
+    @property
+    def outputs(self) -> int:
+        """How many outputs the targets are for: 1, or the length of the targets' tuple."""
+        return len(self.y_train) if isinstance(self.y_train, tuple) else 1
+
+
+def first(a):
+    """The first array of a tuple (or list) of arrays, or the array itself."""
+    return a[0] if isinstance(a, (tuple, list)) else a
 
 
 def keras_inputs(x):
-    """Several inputs travel here as a tuple of arrays; a Keras model takes them as a list."""
+    """Several inputs (or targets) travel here as a tuple of arrays; a Keras model takes them as a list."""
     return list(x) if isinstance(x, tuple) else x
 
 
 def take(x, idx):
-    """Rows `idx` of one input array or of each array of a multi-input tuple."""
+    """Rows `idx` of one array, or of each array of a tuple (several inputs or targets)."""
     return tuple(a[idx] for a in x) if isinstance(x, tuple) else x[idx]
 
 
@@ -128,7 +151,7 @@ class Result:
     """What one training path produced. Weights are NumPy in `model.weights` order; an MSE (MAE) loss in original
     units, log RV squared (log RV), other losses as computed; `metrics` per epoch as `fit`'s History names them
     ("binary_accuracy", "val_binary_accuracy"...), on the standardized data; `test_pred` in standardized units
-    (what crosses engines)."""
+    (what crosses engines; several outputs stacked on a first axis)."""
 
     path: str
     engine: str
@@ -146,7 +169,9 @@ class Result:
     def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
                       test_pred, seconds: float, compile_seconds: float | None = None, metrics=None) -> Result:
         """Assemble a result from what a loop measured, losses given in standardized units."""
-        to_original = {"mse": data.scaling.y_std**2, "mae": data.scaling.y_std}.get(cfg.loss, 1.0)
+        kinds = set(cfg.losses)  # in original units only when every output's loss is the same MSE (or MAE)
+        to_original = {"mse": data.scaling.y_std**2, "mae": data.scaling.y_std}.get(kinds.pop(), 1.0) if len(
+            kinds) == 1 else 1.0
         return cls(
             path=path,
             engine=engine,

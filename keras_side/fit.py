@@ -12,7 +12,8 @@ import numpy as np
 
 from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, keras_inputs, numpy_orders, take
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics, keras_optimizer
+from keras_side.spec import (SpecError, TrainConfig, check_outputs, keras_loss, keras_metrics, keras_optimizer,
+                             training_loss)
 
 VALIDATION_BATCH = 8192
 
@@ -27,8 +28,8 @@ class _EpochReport(keras.callbacks.Callback):
 
 
 def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
-    """`compile` with the spec's optimizer and loss, then `model.fit`; validation on the test split after every
-    epoch when `cfg.validate`.
+    """`compile` with the spec's optimizer, loss (per output, with `loss_weights`) and metrics, then `model.fit`;
+    validation on `data`'s validation split after every epoch when `cfg.validate`.
 
     With `cfg.batch_order="numpy"`, each epoch is one `fit` call on that epoch's NumPy permutation with
     `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches. Keras's
@@ -38,8 +39,10 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
     if model.compiled:
         raise SpecError(f"model {model.name!r} is already compiled; this path compiles it from the TrainConfig, so "
                         "pass an uncompiled model (or call model.fit yourself to keep your compile)")
-    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg), metrics=keras_metrics(cfg))
-    validation = (keras_inputs(data.x_test), data.y_test) if cfg.validate else None
+    check_outputs(cfg, data.outputs)
+    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg), metrics=keras_metrics(cfg),
+                  loss_weights=None if cfg.loss_weights is None else list(cfg.loss_weights))
+    validation = (keras_inputs(data.x_val), keras_inputs(data.y_val)) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
     if cfg.patience is not None and cfg.batch_order == "engine":
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=cfg.patience,
@@ -49,14 +52,15 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                     verbose=0, callbacks=callbacks)
     start = time.perf_counter()
     if cfg.batch_order == "engine":
-        logs = model.fit(keras_inputs(data.x_train), data.y_train, sample_weight=data.w_train, epochs=cfg.epochs,
+        logs = model.fit(keras_inputs(data.x_train), keras_inputs(data.y_train), sample_weight=data.w_train, epochs=cfg.epochs,
                          shuffle=True, **fit_args).history
     else:
         logs = {key: [] for key in ("loss", "val_loss", *cfg.metrics, *(f"val_{m}" for m in cfg.metrics))}
         stop = EarlyStopping(cfg.patience) if cfg.patience is not None else None
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
             weights = None if data.w_train is None else data.w_train[order]
-            one = model.fit(keras_inputs(take(data.x_train, order)), data.y_train[order], sample_weight=weights,
+            one = model.fit(keras_inputs(take(data.x_train, order)), keras_inputs(take(data.y_train, order)),
+                            sample_weight=weights,
                             epochs=epoch + 1, initial_epoch=epoch, shuffle=False, **fit_args).history
             for key in logs:
                 logs[key] += one.get(key, [])
@@ -72,7 +76,7 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
 
 
 def predict(model: keras.Model, x) -> np.ndarray:
-    """Predictions as a float NumPy array, in inference mode."""
+    """Predictions as a float NumPy array, in inference mode (several outputs stacked on a first axis)."""
     return np.asarray(model.predict(keras_inputs(x), batch_size=4096, verbose=0))
 
 
@@ -80,9 +84,9 @@ class Wrapped(keras.Model):
     """Any Keras model (same weights, same call) under a model class whose `train_step` is written in an engine's
     code: the middle path, `fit` with your own step (`native/<engine>/train_step.py` subclass it)."""
 
-    def __init__(self, model: keras.Model):
+    def __init__(self, model: keras.Model, loss):
         super().__init__(name=f"{model.name}_own_step")
-        self.inner = model
+        self.inner, self.spec_loss = model, loss  # the spec's loss as compile combines it (`spec.training_loss`)
 
     def call(self, x, training=None):
         return self.inner(x, training=training)
@@ -90,10 +94,13 @@ class Wrapped(keras.Model):
     def report(self, loss, y, y_pred, sample_weight, batch_size) -> dict:
         """Update the metrics as `fit` does, for a step that updates them in place (torch, TensorFlow): the loss
         weighted by the batch size, the compiled metrics (which take the sample weights only as
-        `weighted_metrics`). Returns the logs, named as `fit`'s History names them."""
+        `weighted_metrics`). Returns the logs, named as `fit`'s History names them. (With several outputs, `fit`
+        also logs each output's loss, "<output>_loss": this step reports the total only.)"""
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss, sample_weight=batch_size)
+            elif metric.name.endswith("_loss"):
+                continue
             else:
                 metric.update_state(y, y_pred, sample_weight=sample_weight)
         return self.get_metrics_result()
@@ -102,5 +109,5 @@ class Wrapped(keras.Model):
 def train_own_step(step_model: type[Wrapped], model: keras.Model, data: HarData, cfg: TrainConfig, *,
                    progress=None) -> Result:
     """`train` with `step_model(model)`'s own `train_step`; the trained weights are in `model` afterwards."""
-    result = train(step_model(model), data, cfg, progress=progress)
+    result = train(step_model(model, training_loss(cfg)), data, cfg, progress=progress)
     return dataclasses.replace(result, path=f"keras-{keras.config.backend()}-train-step")

@@ -144,6 +144,14 @@ def classifier() -> keras.Model:
     ], name="classifier")
 
 
+def two_horizons() -> keras.Model:
+    """One trunk, two outputs: the day's log RV ("day") and the mean log RV of the next five days ("week"), from
+    the HAR means through a shared Dense(8). Trained with a loss per output and `loss_weights`."""
+    x = keras.Input((HAR_INPUTS,), name="har_means")
+    h = layers.Dense(8, activation="relu", name="hidden")(x)
+    return keras.Model(x, [layers.Dense(1, name="day")(h), layers.Dense(1, name="week")(h)], name="two_horizons")
+
+
 BUILDERS = {
     "har": har,
     "mlp_sequential": mlp_sequential,

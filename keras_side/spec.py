@@ -3,6 +3,7 @@
     cfg = TrainConfig(optimizer="sgd", momentum=0.9, nesterov=True, schedule="cosine", decay_steps=200,
                       clipnorm=1.0, loss="huber")
     keras_optimizer(cfg), keras_loss(cfg)    # what `fit` compiles with; the native loops build their own
+    TrainConfig(loss=("mse", "mae"), loss_weights=(1.0, 0.5))   # a model with two outputs
 
 The field names are Keras's own keyword arguments, so a spec reads like the `compile` call it stands for. A spec
 that Keras would refuse, or that a path cannot honour, is a `SpecError` naming the field and the fix: never a
@@ -67,9 +68,11 @@ class TrainConfig:
     seed: int = 0
     batch_order: BatchOrder = "engine"
     validate: bool = True  # compute the validation loss after every epoch
-    # compile(loss=...)
-    loss: str = "mse"
-    from_logits: bool = False
+    # compile(loss=..., loss_weights=...): one loss, or one per output of a model with several outputs (a tuple,
+    # in the outputs' order), whose weighted sum is the objective
+    loss: str | tuple[str, ...] = "mse"
+    loss_weights: tuple[float, ...] | None = None
+    from_logits: bool = False  # for every loss that takes logits
     metrics: tuple[str, ...] = ()  # compile(metrics=...): reported per epoch on the training and validation data
     # fit(callbacks=[EarlyStopping(monitor="val_loss", patience=..., restore_best_weights=True)])
     patience: int | None = None
@@ -106,6 +109,10 @@ class TrainConfig:
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
         object.__setattr__(self, "metrics", tuple(self.metrics))
+        if isinstance(self.loss, list):
+            object.__setattr__(self, "loss", tuple(self.loss))
+        if self.loss_weights is not None:
+            object.__setattr__(self, "loss_weights", tuple(float(w) for w in self.loss_weights))
         for problem in _problems(self):
             raise SpecError(problem)
 
@@ -115,6 +122,16 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """JSON-ready (what a worker request and a report carry); `TrainConfig(**d)` reads it back."""
         return dataclasses.asdict(self)
+
+    @property
+    def losses(self) -> tuple[str, ...]:
+        """One loss name per output."""
+        return self.loss if isinstance(self.loss, tuple) else (self.loss,)
+
+    @property
+    def outputs(self) -> int | None:
+        """How many outputs the spec is for: the length of a per-output loss, else None (any single output)."""
+        return len(self.loss) if isinstance(self.loss, tuple) else None
 
     @property
     def decay(self) -> float | None:
@@ -133,16 +150,28 @@ def _problems(c: TrainConfig):
         yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
     if c.flavour not in ("exact", "engine"):
         yield f"flavour must be 'exact' or 'engine', got {c.flavour!r}"
-    if c.loss not in LOSSES and not FUNCTION.match(c.loss):
-        yield (f"unknown loss {c.loss!r}; choose one of {', '.join(LOSSES)} or give a 'module:function' "
-               "written with keras.ops")
+    for loss in c.losses:
+        if not isinstance(loss, str) or (loss not in LOSSES and not FUNCTION.match(loss)):
+            yield (f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)} or give a 'module:function' "
+                   "written with keras.ops (a tuple of these: one per output)")
+    if isinstance(c.loss, tuple) and not c.loss:
+        yield "loss is an empty tuple; give one loss per output"
+    if c.loss_weights is not None:
+        if len(c.loss_weights) != len(c.losses) or not isinstance(c.loss, tuple):
+            yield (f"loss_weights needs one weight per output loss: give loss as a tuple of {len(c.loss_weights)} "
+                   f"losses, got loss={c.loss!r}")
+        elif not all(math.isfinite(w) and w >= 0 for w in c.loss_weights):
+            yield f"loss_weights must be numbers >= 0, got {c.loss_weights}"
+    if c.metrics and c.outputs:
+        yield ("metrics on a model with several outputs (one list per output in Keras) are not supported here; drop "
+               "metrics (the loss of each output is still reported by fit)")
     unknown = [m for m in c.metrics if m not in METRICS]
     if unknown or len(set(c.metrics)) != len(c.metrics):
         yield f"metrics must be distinct names among {', '.join(METRICS)}; got {', '.join(c.metrics)}"
     if c.patience is not None and (c.patience < 1 or not c.validate):
         yield (f"early stopping needs patience >= 1 and validate=True (it watches the validation loss), "
                f"got {c.patience}")
-    if c.from_logits and c.loss not in LOGIT_LOSSES:
+    if c.from_logits and not set(c.losses) & set(LOGIT_LOSSES):
         yield f"from_logits applies to {' and '.join(LOGIT_LOSSES)}, not to loss {c.loss!r}; drop it"
     if c.optimizer not in OPTIMIZERS:
         yield f"unknown optimizer {c.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}"
@@ -240,15 +269,54 @@ def keras_optimizer(cfg: TrainConfig):
     return getattr(keras.optimizers, OPTIMIZERS[cfg.optimizer])(**options, **by_name[cfg.optimizer])
 
 
-def keras_loss(cfg: TrainConfig):
-    """The `keras.losses.Loss` object: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with Keras's
-    target shaping. `fit` compiles with it and every native loop calls it, so the loss can never differ."""
+def _one_loss(name: str, from_logits: bool):
     import keras
 
-    if cfg.loss in LOSSES:
-        options = {"from_logits": cfg.from_logits} if cfg.loss in LOGIT_LOSSES else {}
-        return getattr(keras.losses, LOSSES[cfg.loss])(**options)
-    return keras.losses.LossFunctionWrapper(resolve(cfg.loss), name=cfg.loss.split(":")[1])
+    if name in LOSSES:
+        options = {"from_logits": from_logits} if name in LOGIT_LOSSES else {}
+        return getattr(keras.losses, LOSSES[name])(**options)
+    return keras.losses.LossFunctionWrapper(resolve(name), name=name.split(":")[1])
+
+
+def keras_loss(cfg: TrainConfig):
+    """What `compile(loss=...)` takes: the `keras.losses.Loss` object, or a list of them, one per output (with
+    `cfg.loss_weights` as `loss_weights`)."""
+    losses = [_one_loss(name, cfg.from_logits) for name in cfg.losses]
+    return losses if cfg.outputs else losses[0]
+
+
+def training_loss(cfg: TrainConfig):
+    """The loss every path but `fit` calls: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with
+    Keras's target shaping. One output: the spec's `keras.losses.Loss` itself, so the loss can never differ from
+    `fit`'s. Several: `OutputLosses`, which combines them as `compile` does."""
+    loss = keras_loss(cfg)
+    return OutputLosses(loss, cfg.loss_weights) if cfg.outputs else loss
+
+
+class OutputLosses:
+    """Per-output losses and `loss_weights` combined as `compile` combines them (Keras's `CompileLoss`): each loss
+    on its output and target, in float32, times its weight, summed. The same sample weights go to every output."""
+
+    def __init__(self, losses: list, weights: tuple[float, ...] | None = None):
+        self.losses, self.weights = losses, weights
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        from keras import ops
+
+        values = []
+        for i, (loss, y_t, y_p) in enumerate(zip(self.losses, y_true, y_pred, strict=True)):
+            value = ops.cast(loss(y_t, y_p, sample_weight), "float32")
+            values.append(value if self.weights is None else ops.multiply(value, self.weights[i]))
+        return sum(values)
+
+
+def check_outputs(cfg: TrainConfig, targets: int) -> None:
+    """A `SpecError` unless the spec's losses fit the data's targets: one loss for one target, one per target for
+    several (a model with several outputs)."""
+    if (cfg.outputs or 1) != targets:
+        have = f"{targets} targets (one per output)" if targets > 1 else "one target"
+        raise SpecError(f"the data has {have} but the spec gives loss={cfg.loss!r}; give "
+                        + (f"loss as a tuple of {targets} losses" if targets > 1 else "one loss"))
 
 
 def keras_metrics(cfg: TrainConfig) -> list:

@@ -5,10 +5,11 @@ native loop from the same weights and batches, and measures how far apart they e
     entry = ZOO["bn_mlp"]; model = entry.builder()(); entry.data   # "har", "sequence", "direction" or "panel"
 
 Data kinds (made by `compare.data.prepare_kind` from the same panel): "har" the three HAR means; "recent" the same
-with a `sample_weight` per training day that halves every 252 days back from the split; "sequence" the
-last 22 days of log RV, (n, 22, 1); "direction" the HAR means with the sign of the day's return as a 0/1 target;
-"panel" every asset stacked with its integer id. Nothing here imports Keras (the referee reads it); the builders
-are in `keras_side.models`.
+with a `sample_weight` per training day that halves every 252 days back from the split; "sequence" the last 22
+days of log RV, (n, 22, 1); "direction" the HAR means with the sign of the day's return as a 0/1 target;
+"horizons" the HAR means with two targets, the day's log RV and the mean log RV of the 5 days from it; "panel"
+every asset stacked with its integer id. Nothing here imports Keras (the referee reads it); the builders are in
+`keras_side.models`.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ ZOO = {
     "dropout_mlp": Entry("keras_side.models:dropout_mlp", "har", about="3-16-1 MLP with Dropout(0.2)"),
     "lstm": Entry("keras_side.models:lstm", "sequence", about="LSTM(8) over the last 22 days of log RV"),
     "conv1d": Entry("keras_side.models:conv1d", "sequence", about="Conv1D(4, 5) → average pool over 22 days"),
+    "two_horizons": Entry("keras_side.models:two_horizons", "horizons",
+                          {"loss": ("mse", "mae"), "loss_weights": (1.0, 0.5)},
+                          "two outputs (the day's log RV, the next 5 days' mean): MSE + 0.5 × MAE"),
     "classifier": Entry("keras_side.models:classifier", "direction",
                         {"loss": "binary_crossentropy", "from_logits": True, "metrics": ("binary_accuracy",)},
                         "3-8-1 logits of the return's sign, binary cross-entropy"),

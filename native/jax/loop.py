@@ -22,9 +22,9 @@ import numpy as np
 import optax
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, keras_inputs, numpy_orders
+from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders
 from keras_side.models import ensure_built
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics
+from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_metrics, training_loss
 from native.jax import optim
 
 
@@ -110,18 +110,19 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     if cfg.patience is not None and driver == "scan":
         raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use driver='loop' "
                         "with patience")
+    check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
-    optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
+    optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
-    train_xy = (jax.tree.map(jnp.asarray, data.x_train), jnp.asarray(data.y_train))
+    train_xy = jax.tree.map(jnp.asarray, (data.x_train, data.y_train))
     if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
         train_xy += (jnp.asarray(data.w_train),)
-    test = (jax.tree.map(jnp.asarray, data.x_test), jnp.asarray(data.y_test))
+    val = jax.tree.map(jnp.asarray, (data.x_val, data.y_val))
     step = make_step(model, loss_fn, optimizer, metrics)
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
     orders = np.asarray(batch_orders(cfg, data.n_train))
-    state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, test, cfg,
+    state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, val, cfg,
                                                   progress)
     write_back(model, state)
     path = "jax-native-scan" if driver == "scan" else "jax-native"
@@ -143,7 +144,12 @@ def _rows(arrays, idx):
     return jax.tree.map(lambda a: a[idx], arrays)
 
 
-def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
+def _rows_in(batch) -> int:
+    """How many rows a batch (x, y[, sample_weight]) holds: the length of its (first) target."""
+    return len(first(batch[1]))
+
+
+def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
     arrays = jax.tree.map(np.asarray, train_xy)  # (x, y) or (x, y, sample_weight)
     full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
@@ -152,22 +158,23 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
     if rest.shape[1]:
         batches.append(_rows(arrays, rest))
     start = time.perf_counter()  # compile each batch shape now, so training time is training
-    step = {len(b[1][0]): step.lower(state, jax.tree.map(lambda a: a[0], b)).compile() for b in batches}
+    by_epoch = lambda b, e: jax.tree.map(lambda a: a[e], b)  # noqa: E731  (a batch of every epoch -> one epoch's)
+    step = {_rows_in(by_epoch(b, 0)): step.lower(state, by_epoch(b, 0)).compile() for b in batches}
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     curves = {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
     reset, stop = state[3], EarlyStopping(cfg.patience) if cfg.patience else None
     for epoch in range(cfg.epochs):
         losses, sizes = [], []
-        for batch in batches:
-            state, loss = step[len(batch[1][epoch])](state, jax.tree.map(lambda a: a[epoch], batch))
+        for batch in (by_epoch(b, epoch) for b in batches):
+            state, loss = step[_rows_in(batch)](state, batch)
             losses.append(loss)
-            sizes.append(len(batch[1][epoch]))
+            sizes.append(_rows_in(batch))
         curves["loss"].append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it
         curves["metrics"].append([m.stateless_result(v) for m, v in zip(metrics, state[3])])
         state = (*state[:3], reset)  # Keras resets the metrics every epoch
         if cfg.validate:
-            loss, values = evaluate(state[0], state[1], *test)
+            loss, values = evaluate(state[0], state[1], *val)
             curves["val_loss"].append(float(loss))
             curves["val_metrics"].append(values)
         if progress:
@@ -180,7 +187,7 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
     return state, curves, compile_seconds, time.perf_counter() - start
 
 
-def _scan_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, progress):
+def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
     reset = state[3]
 
     def epoch(state, order):
@@ -192,8 +199,8 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, test, cfg, pr
             state, last = step(state, _rows(train_xy, rest))
             total += last * rest.shape[0]
         values = [m.stateless_result(v) for m, v in zip(metrics, state[3])]
-        val = evaluate(state[0], state[1], *test) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
-        return state, (total / order.shape[0], values, val)
+        measured = evaluate(state[0], state[1], *val) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
+        return state, (total / order.shape[0], values, measured)
 
     orders = jnp.asarray(orders)
     start = time.perf_counter()

@@ -13,7 +13,7 @@ import jax
 import keras
 
 from keras_side import fit
-from keras_side.config import HarData, Result
+from keras_side.config import HarData, Result, first
 from keras_side.spec import TrainConfig
 
 
@@ -23,7 +23,7 @@ class OwnStep(fit.Wrapped):
     def loss_and_state(self, trainable, non_trainable, x, y, sample_weight=None):
         y_pred, non_trainable, losses = self.stateless_call(trainable, non_trainable, x, training=True,
                                                             return_losses=True)
-        loss = self.loss(y, y_pred, sample_weight)  # the compiled loss, plus the regularizers as fit adds them
+        loss = self.spec_loss(y, y_pred, sample_weight)  # the spec's loss, plus the regularizers as fit adds them
         return (loss + sum(losses) if losses else loss), (non_trainable, y_pred)
 
     def train_step(self, state, data):
@@ -43,7 +43,10 @@ def report(model: keras.Model, metrics_variables, loss, y, y_pred, sample_weight
     for metric in model.metrics:
         own = metrics_variables[len(updated): len(updated) + len(metric.variables)]
         if metric.name == "loss":
-            own = metric.stateless_update_state(own, loss, sample_weight=y.shape[0])
+            own = metric.stateless_update_state(own, loss, sample_weight=first(y).shape[0])
+        elif metric.name.endswith("_loss"):  # each output's loss (several outputs): this step reports the total
+            updated += list(own)
+            continue
         else:
             own = metric.stateless_update_state(own, y, y_pred, sample_weight=sample_weight)
         result = metric.stateless_result(own)

@@ -19,7 +19,7 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
+from keras_side.spec import TrainConfig, check_outputs, keras_optimizer, training_loss
 
 
 def _forward(model, x, training: bool):
@@ -43,11 +43,11 @@ def _spec(a: np.ndarray) -> tf.TensorSpec:
     return tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype))
 
 
-def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray, metrics: EpochMetrics | None = None,
-              weights: np.ndarray | None = None):
+def make_step(model, loss_fn, optimizer, x: np.ndarray | tuple, y: np.ndarray | tuple,
+              metrics: EpochMetrics | None = None, weights: np.ndarray | None = None):
     """`step(x, y[, sample_weight]) -> loss`, one trace for every batch size; it updates the metrics too."""
-    x_spec = tuple(map(_spec, x)) if isinstance(x, tuple) else _spec(x)
-    signature = [x_spec, _spec(y)] + ([] if weights is None else [_spec(weights)])
+    signature = [tf.nest.map_structure(_spec, x), tf.nest.map_structure(_spec, y)]
+    signature += [] if weights is None else [_spec(weights)]
 
     @tf.function(input_signature=signature)
     def step(xb, yb, wb=None):
@@ -71,8 +71,9 @@ def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch."""
+    check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
-    optimizer, loss_fn, metrics = keras_optimizer(cfg), keras_loss(cfg), EpochMetrics(cfg)
+    optimizer, loss_fn, metrics = keras_optimizer(cfg), training_loss(cfg), EpochMetrics(cfg)
     optimizer.build(model.trainable_variables)
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
@@ -86,13 +87,13 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
         for rows in batch_slices(data.n_train, cfg.batch_size):
             idx = order[rows]
             weights = () if data.w_train is None else (tf.gather(data.w_train, idx),)
-            total += step(take_tf(x, idx), tf.gather(y, idx), *weights) * tf.cast(tf.size(idx), tf.float32)
+            total += step(take_tf(x, idx), take_tf(y, idx), *weights) * tf.cast(tf.size(idx), tf.float32)
         train_loss.append(float(total) / data.n_train)
         metrics.close()
         if cfg.validate:
-            loss, outputs = total_loss(model, loss_fn, data.x_test, data.y_test, training=False)
+            loss, outputs = total_loss(model, loss_fn, data.x_val, data.y_val, training=False)
             val_loss.append(float(loss))
-            metrics.update(data.y_test, outputs)
+            metrics.update(data.y_val, outputs)
             metrics.close("val_")
         if progress:
             progress(epoch + 1, cfg.epochs)
@@ -121,6 +122,6 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
 
 
 def predict(model, x) -> np.ndarray:
-    """Inference-mode predictions as NumPy."""
+    """Inference-mode predictions as NumPy (several outputs stacked on a first axis)."""
     ensure_built(model, x)
-    return _forward(model, x, training=False).numpy()
+    return np.asarray(tf.nest.map_structure(lambda t: t.numpy(), _forward(model, x, training=False)))

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_side import fit
-from keras_side.config import HarData, Result
+from keras_side.config import HarData, Result, first
 from keras_side.spec import TrainConfig
 
 
@@ -23,12 +23,12 @@ class OwnStep(fit.Wrapped):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
-            loss = self.loss(y, y_pred, sample_weight)  # the compiled loss (the spec's) ...
+            loss = self.spec_loss(y, y_pred, sample_weight)  # the spec's loss, as compile combines it ...
             if self.losses:
                 loss = loss + tf.add_n(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         variables = self.trainable_weights
         self.optimizer.apply(tape.gradient(loss, variables), variables)
-        return self.report(loss, y, y_pred, sample_weight, batch_size=tf.shape(y)[0])
+        return self.report(loss, y, y_pred, sample_weight, batch_size=tf.shape(first(y))[0])
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:

@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, batch_slices, first, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, keras_loss
+from keras_side.spec import TrainConfig, check_outputs, keras_loss, training_loss
 from native.torch import optim
 
 
 def _tensors(x, device):
-    """NumPy inputs as torch tensors on the model's device (several inputs stay a tuple)."""
+    """NumPy inputs (or targets) as torch tensors on the model's device (several stay a tuple)."""
     if isinstance(x, tuple):
         return tuple(torch.as_tensor(a, device=device) for a in x)
     return torch.as_tensor(x, device=device)
@@ -53,7 +53,10 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
 
     Keras's per-sample loss (`Loss.call`) also shapes the targets as `fit` does ((n,) against (n, 1)). When they
     already have the outputs' rank, MSE and MAE are written in torch: the same numbers without Keras's per-call
-    dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward."""
+    dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward. Several outputs: the Keras
+    losses, combined with `loss_weights` as `compile` combines them."""
+    if cfg.outputs:
+        return training_loss(cfg)
     per_sample = TORCH_LOSSES[cfg.loss] if same_rank and cfg.loss in TORCH_LOSSES else keras_loss(cfg).call
 
     def mean(y_true, y_pred, sample_weight=None):
@@ -87,17 +90,18 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
     `compile=True` runs the batch loss through `torch.compile`."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
+    check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
     device = next(model.parameters()).device
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
-    x, y = _tensors(data.x_train, device), torch.as_tensor(data.y_train, device=device)
+    x, y = _tensors(data.x_train, device), _tensors(data.y_train, device)
     with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
         outputs = _forward(model, take(x, slice(0, 1)), training=False)
         regularized = bool(model.losses)
-    loss_fn = spec_loss(cfg, same_rank=y.ndim == outputs.ndim)
-    x_test, y_test = _tensors(data.x_test, device), torch.as_tensor(data.y_test, device=device)
+    loss_fn = spec_loss(cfg, same_rank=first(y).ndim == first(outputs).ndim)
+    x_val, y_val = _tensors(data.x_val, device), _tensors(data.y_val, device)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
 
     def batch_loss(xb, yb, wb):
@@ -114,12 +118,12 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         start = time.perf_counter()
         order = order.to(device)
-        x_epoch, y_epoch = take(x, order), y[order]  # one gather per epoch; each batch is then a view
+        x_epoch, y_epoch = take(x, order), take(y, order)  # one gather per epoch; each batch is then a view
         w_epoch = None if weights is None else weights[order]
         total = torch.zeros((), device=device)
         for rows in batch_slices(data.n_train, cfg.batch_size):
             w_batch = None if weights is None else w_epoch[rows]
-            loss, outputs = batch_loss(take(x_epoch, rows), y_epoch[rows], w_batch)
+            loss, outputs = batch_loss(take(x_epoch, rows), take(y_epoch, rows), w_batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip:
@@ -129,11 +133,11 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                 scheduler.step()  # once a batch: Keras's schedules count optimizer steps
             total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
             if metrics:
-                metrics.update(y_epoch[rows], outputs.detach())
+                metrics.update(y_epoch[rows], outputs.detach())  # (one output: the spec refuses metrics on several)
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:
-            val_loss.append(_evaluate(model, loss_fn, x_test, y_test, regularized, metrics))
+            val_loss.append(_evaluate(model, loss_fn, x_val, y_val, regularized, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if progress:
             progress(epoch + 1, cfg.epochs)
@@ -173,8 +177,15 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
 
 @torch.no_grad()
 def predict(model, x) -> np.ndarray:
-    """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16)."""
+    """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16);
+    several outputs stacked on a first axis."""
     ensure_built(model, x)
     device = next(model.parameters()).device
     outputs = _forward(model, _tensors(x, device), training=False)
-    return (outputs.float() if outputs.dtype in (torch.bfloat16, torch.float16) else outputs).cpu().numpy()
+    if isinstance(outputs, (list, tuple)):
+        return np.asarray([_numpy(o) for o in outputs])
+    return _numpy(outputs)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).cpu().numpy()

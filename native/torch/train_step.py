@@ -12,7 +12,7 @@ import keras
 import torch
 
 from keras_side import fit
-from keras_side.config import HarData, Result
+from keras_side.config import HarData, Result, first
 from keras_side.spec import TrainConfig
 
 
@@ -22,7 +22,7 @@ class OwnStep(fit.Wrapped):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=True)
-        loss = self.loss(y, y_pred, sample_weight)  # the compiled loss (the spec's) ...
+        loss = self.spec_loss(y, y_pred, sample_weight)  # the spec's loss, as compile combines it ...
         if self.losses:
             loss = loss + sum(self.losses)  # ... plus the regularizers, as fit's compute_loss adds them
         self.zero_grad()
@@ -30,7 +30,7 @@ class OwnStep(fit.Wrapped):
         variables = self.trainable_weights
         with torch.no_grad():
             self.optimizer.apply([v.value.grad for v in variables], variables)
-        return self.report(loss, y, y_pred, sample_weight, batch_size=len(y))
+        return self.report(loss, y, y_pred, sample_weight, batch_size=len(first(y)))
 
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:

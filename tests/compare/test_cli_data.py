@@ -39,6 +39,7 @@ CASES = [
     (["--data", "duplicates"], "1 duplicate (fecha, activo) rows"),
     (["--data", "good", "--split", "2025-12-20"], "only "),
     (["--data", "good", "--split", "1999-01-01"], "split date 1999-01-01 is outside the data"),
+    (["--data", "good", "--split", "2009-03-01"], "training (before the validation year) rows (need at least 50)"),
     (["--data", "good", "--split", "someday"], "--split 'someday' is not a date"),
 ]
 

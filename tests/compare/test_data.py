@@ -83,8 +83,57 @@ def test_standardization_uses_training_rows_only(panel):
 
 def test_split_and_types(har):
     assert har.x_train.dtype == np.float32 and har.y_train.shape == (har.n_train, 1)
-    assert har.features == data.HAR
-    assert 2300 < har.n_train < 2600 and 1900 < har.n_test < 2100
+    assert har.features == data.HAR and har.validation == "last-year"
+    assert 2200 < har.n_train < 2300 and 240 < har.n_val < 270 and 1900 < har.n_test < 2100
+
+
+def test_validation_is_the_year_before_the_split_left_out_of_training(panel):
+    """Three splits by date: train before 2017-01-01, validation in 2017, test from 2018; with
+    validation="test" training keeps 2017 and the validation rows are the test split (the lesson's curve)."""
+    design = data.har_features(panel, "indice")
+    train, val, test = data.split_three(design, "2018-01-01", None)
+    assert train.index.max() < pd.Timestamp("2017-01-01") <= val.index.min()
+    assert val.index.max() < pd.Timestamp("2018-01-01") <= test.index.min()
+    everything, lesson_val, lesson_test = data.split_three(design, "2018-01-01", None, "test")
+    assert len(everything) == len(train) + len(val) and lesson_val is lesson_test
+    har, lesson = data.prepare(panel), data.prepare(panel, validation="test")
+    np.testing.assert_array_equal(lesson.x_val, lesson.x_test)
+    assert har.n_train + har.n_val == lesson.n_train and har.n_test == lesson.n_test
+
+
+def test_the_validation_year_does_not_move_the_scaling(panel):
+    """Standardization uses the rows a model trains on: changing the validation year changes no statistic."""
+    changed = panel.copy()
+    year = (changed["activo"] == "indice") & (changed["fecha"] >= "2017-01-01") & (changed["fecha"] < "2018-01-01")
+    changed.loc[year, "rv_5min"] *= 3.0
+    base, after = data.prepare(panel), data.prepare(changed)
+    for field in ("x_mean", "x_std", "y_mean", "y_std"):
+        np.testing.assert_array_equal(getattr(base.scaling, field), getattr(after.scaling, field))
+    assert not np.array_equal(base.y_val, after.y_val)
+
+
+def test_two_horizon_targets_are_the_day_and_the_next_five_days(panel):
+    """Two targets for a two-output model: log RV_t and the mean of log RV over t..t+4, both scaled as y."""
+    two = data.prepare_horizons(panel)
+    assert two.outputs == 2 and [y.shape for y in two.y_train] == [(two.n_train, 1)] * 2
+    one = panel[panel["activo"] == "indice"].set_index("fecha")
+    log_rv = np.log(one["rv_5min"].to_numpy())
+    t = one.index.get_loc(data.har_features(panel, "indice").index[0])
+    day, week = (float(y[0, 0]) * two.scaling.y_std + two.scaling.y_mean for y in two.y_train)
+    np.testing.assert_allclose([day, week], [log_rv[t], log_rv[t:t + data.HORIZON_DAYS].mean()], rtol=1e-5)
+
+
+def test_a_data_set_round_trips_through_its_file(panel, tmp_path):
+    """What a worker reloads is what the referee saved: several inputs, several targets, weights, the splits."""
+    for prepared in (data.prepare_horizons(panel), data.prepare_panel(panel), data.prepare_recent(panel)):
+        prepared.save(tmp_path / "d.npz")
+        back = type(prepared).load(tmp_path / "d.npz")
+        for name in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "w_train"):
+            want, got = getattr(prepared, name), getattr(back, name)
+            assert type(got) is type(want), name
+            for a, b in zip(*(v if isinstance(v, tuple) else (v,) for v in (want, got)), strict=True):
+                np.testing.assert_array_equal(a, b)
+        assert back.validation == prepared.validation and back.outputs == prepared.outputs
 
 
 def test_multi_input_layouts(panel):

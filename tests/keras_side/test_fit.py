@@ -28,9 +28,12 @@ def test_result_shape(trained, har, tmp_path):
     assert [w.shape for w in result.weights] == [(3, 1), (1,)]
     assert len(result.train_loss) == len(result.val_loss) == 40
     assert result.val_loss[-1] < result.val_loss[0]
-    # The curve is in original units: its last point is the test MSE the predictions give.
-    mse = float(np.mean((result.test_pred - har.y_test) ** 2)) * har.scaling.y_std**2
+    # The curve is in original units, on the validation year: its last point is the MSE the model's predictions
+    # of those days give (and not the test split's).
+    mse = float(np.mean((fit.predict(model, har.x_val) - har.y_val) ** 2)) * har.scaling.y_std**2
     assert result.val_loss[-1] == pytest.approx(mse, rel=1e-4)
+    test_mse = float(np.mean((result.test_pred - har.y_test) ** 2)) * har.scaling.y_std**2
+    assert abs(result.val_loss[-1] - test_mse) > 1e-3
     assert result.train_seconds > 0 and result.versions["keras"] == "3.15.1" and result.seed == 0
     result.save(tmp_path)
     again = Result.load(tmp_path, result.path)

@@ -34,6 +34,12 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(flavour="fast"), "flavour must be 'exact' or 'engine'"),
     (dict(patience=0), "early stopping needs patience >= 1 and validate=True"),
     (dict(patience=2, validate=False), "early stopping needs patience >= 1 and validate=True"),
+    (dict(loss=("mse", "hinge")), "unknown loss 'hinge'"),
+    (dict(loss=()), "loss is an empty tuple"),
+    (dict(loss_weights=(1.0, 0.5)), "loss_weights needs one weight per output loss"),
+    (dict(loss=("mse", "mae"), loss_weights=(1.0,)), "loss_weights needs one weight per output loss"),
+    (dict(loss=("mse", "mae"), loss_weights=(1.0, -0.5)), "loss_weights must be numbers >= 0"),
+    (dict(loss=("mse", "mae"), metrics=("mae",)), "metrics on a model with several outputs"),
 ], ids=lambda v: str(v)[:40])
 def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
     with pytest.raises(SpecError, match=re.escape(message)):
@@ -46,3 +52,17 @@ def test_a_spec_travels_as_json_and_comes_back_equal():
     cfg = TrainConfig(optimizer="sgd", momentum=0.9, schedule="piecewise", boundaries=(10, 20),
                       values=(0.1, 0.01, 1e-3), metrics=("mae",), clipvalue=0.5, patience=3)
     assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+    two = TrainConfig(loss=("mse", "mae"), loss_weights=(1.0, 0.5))
+    assert TrainConfig(**json.loads(json.dumps(two.to_dict()))) == two
+
+
+def test_the_losses_must_fit_the_targets():
+    from keras_side.spec import check_outputs
+
+    check_outputs(TrainConfig(), 1)
+    check_outputs(TrainConfig(loss=("mse", "mae")), 2)
+    with pytest.raises(SpecError, match=re.escape("the data has 2 targets (one per output) but the spec gives "
+                                                  "loss='mse'; give loss as a tuple of 2 losses")):
+        check_outputs(TrainConfig(), 2)
+    with pytest.raises(SpecError, match="the data has one target"):
+        check_outputs(TrainConfig(loss=("mse", "mae")), 1)
