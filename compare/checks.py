@@ -5,6 +5,8 @@
     portable_weights/<a>-><b>   weights saved on engine a predict the test set on engine b as on a
     deterministic/<path>        the same seed twice: bit-identical weights
     same_arithmetic/<path>      same init, batches and Adam: every path ends at the same weights
+
+The first two are the HAR's (`compare --model` of another zoo model has no OLS and no gradient formula).
 """
 from __future__ import annotations
 
@@ -70,14 +72,22 @@ def deterministic(result: Result, again: list[np.ndarray]) -> Check:
     return Check(f"deterministic/{result.path}", gap, 0.0, identical)
 
 
-def same_arithmetic(weights: dict[str, list[np.ndarray]]) -> list[Check]:
-    """For each path, its largest distance to any other path's weights after the same-arithmetic run."""
+def same_arithmetic(weights: dict[str, list[np.ndarray]], engine_of: dict[str, str] | None = None,
+                    note: str = "") -> list[Check]:
+    """For each path, its largest distance to any other path's weights after the same-arithmetic run. With
+    `engine_of` (path -> engine), only paths on the same engine are compared: for a model that draws random numbers
+    while training (Dropout), whose engines' generators differ."""
     flat = {name: np.concatenate([w.ravel() for w in ws]) for name, ws in weights.items()}
+    note = "; ".join(n for n in (note, "" if engine_of is None else RANDOM_NOTE) if n)
     checks = []
     for name, w in flat.items():
-        gap = max((float(np.max(np.abs(w - other))) for o, other in flat.items() if o != name), default=0.0)
-        checks.append(within(f"same_arithmetic/{name}", gap, tolerances.SAME_ARITHMETIC_ATOL))
+        others = [v for o, v in flat.items() if o != name and (engine_of is None or engine_of[o] == engine_of[name])]
+        gap = max((float(np.max(np.abs(w - other))) for other in others), default=0.0)
+        checks.append(within(f"same_arithmetic/{name}", gap, tolerances.SAME_ARITHMETIC_ATOL, note))
     return checks
+
+
+RANDOM_NOTE = "its engine's paths only: each engine draws its own random numbers"
 
 
 def load_results(outcome: Outcome) -> dict[str, Result]:
@@ -85,13 +95,16 @@ def load_results(outcome: Outcome) -> dict[str, Result]:
             for e in outcome.complete for p in paths.for_engine(e)}
 
 
-def run_all(outcome: Outcome, data: HarData, ols: Ols, *,
-            judge_ols: bool = True) -> tuple[dict[str, Result], list[Check]]:
+def run_all(outcome: Outcome, data: HarData, ols: Ols | None, *, judge_ols: bool = True,
+            draws_randomness: bool = False, same_epochs: int | None = None) -> tuple[dict[str, Result], list[Check]]:
     """Every check on every engine that finished; the results they were computed from. `judge_ols=False` leaves
-    out `ols_reached` (a --quick run is too short to reach OLS; the other checks hold after any number of epochs)."""
+    out `ols_reached` (a --quick run is too short to reach OLS; the other checks hold after any number of epochs).
+    `ols=None`: a model other than the HAR, with neither OLS nor the gradient formula. `draws_randomness`: the
+    model draws random numbers while training, so same_arithmetic compares the paths of one engine only.
+    `same_epochs`: the same-arithmetic run's length when shorter than the run's (noted on the check)."""
     results = load_results(outcome)
-    checks = [c for r in results.values() for c in ols_reached(r, data, ols)] if judge_ols else []
-    for engine in outcome.complete:
+    checks = [c for r in results.values() for c in ols_reached(r, data, ols)] if judge_ols and ols else []
+    for engine in outcome.complete if ols else []:
         checks += gradient_formula(engine, outcome.engine_folder(engine))
     for target in outcome.complete:
         with np.load(outcome.engine_folder(target) / "cross_predictions.npz") as z:
@@ -102,5 +115,7 @@ def run_all(outcome: Outcome, data: HarData, ols: Ols, *,
         with np.load(outcome.engine_folder(result.engine) / f"{name}.extra.npz") as z:
             extras[name] = {k: [z[f"{k}_{i}"] for i in range(len(result.weights))] for k in ("again", "same")}
         checks.append(deterministic(result, extras[name]["again"]))
-    checks += same_arithmetic({name: e["same"] for name, e in extras.items()})
+    engine_of = {name: r.engine for name, r in results.items()} if draws_randomness else None
+    note = f"after {same_epochs} epochs" if same_epochs else ""
+    checks += same_arithmetic({name: e["same"] for name, e in extras.items()}, engine_of, note)
     return results, checks

@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     _data_options(p)
     _train_options(p)
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--model", default="har", help="the zoo model every path trains (default: %(default)s; the OLS "
+                   "and gradient-formula checks are the HAR's); see `native-loops zoo --help`")
     p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
     p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")

@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 from compare import bench as bench_paths
-from compare import checks, figures, paths, reference, report, runner, synthetic
+from compare import checks, figures, paths, reference, report, runner, synthetic, tolerances
 from compare import data as har_data
 from compare import walk_forward as walk
 from compare import zoo as zoo_matrix
@@ -111,25 +111,46 @@ def parse_engines(text: str) -> list[str]:
 def compare(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed on every engine, 1 when a check failed, 3 when an engine is missing."""
     engines = parse_engines(args.engines)
-    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None)
+    if args.model not in zoo_matrix.ZOO:
+        raise NativeLoopsError(f"unknown model {args.model!r}; --model takes one of {', '.join(zoo_matrix.MODELS)}")
+    entry, har = zoo_matrix.ZOO[args.model], args.model == "har"
+    if args.float64 and not har:
+        raise NativeLoopsError(f"--float64 checks the HAR's gradient formula, which --model {args.model} does not "
+                               "have; drop one of them")
+    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None).replace(**entry.spec)
     panel, source = load(args)
-    prepared, ols = prepare_har(args, panel, source)
+    if har:
+        prepared, ols = prepare_har(args, panel, source)
+    else:  # the OLS checks are the HAR's: another model has no known answer
+        prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
+                                         validation=args.validation, source=source)
+        ols = None
+    # The HAR's same-arithmetic run lasts the whole run; another model's the first few epochs (see the constant).
+    same_epochs = cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
-            outcome = runner.run(prepared, cfg, engines, tmp, float64=args.float64, on_event=on_event)
-        results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick)
-        report.print_paths_table(ols, results, prepared)
+            outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, same_epochs=same_epochs,
+                                 float64=args.float64, on_event=on_event)
+        results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick,
+                                        draws_randomness=entry.draws,
+                                        same_epochs=same_epochs if same_epochs < cfg.epochs else None)
+        if ols:
+            report.print_paths_table(ols, results, prepared)
+        else:
+            report.print_model_table(args.model, results, prepared)
         report.print_curves(results, prepared, ols)
         report.print_checks(found, outcome.failed)
         if args.quick:
-            report.console().print(f"--quick: {cfg.epochs} epochs, so ols_reached is not judged")
-        summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {"quick": args.quick}
+            report.console().print(f"--quick: {cfg.epochs} epochs" + (", so ols_reached is not judged" if har else ""))
+        summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {
+            "quick": args.quick, "model": args.model}
         write_json(tmp / "report.json", summary)
-        figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse)
-        figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"] for n, r in results.items()},
-                       ols.slope_dict())
-    report.console().print(f"report: {out}/report.json, curves.png, slopes.png")
+        figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse if ols else None)
+        if ols:
+            figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"]
+                                                for n, r in results.items()}, ols.slope_dict())
+    report.console().print(f"report: {out}/report.json, curves.png" + (", slopes.png" if ols else ""))
     if outcome.failed:
         return 3
     return 0 if all(c.passed for c in found) else 1

@@ -45,18 +45,19 @@ def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], t
         out.print("  sigma:  " + ", ".join(f"{a} {v:.2f}" for a, v in t["sigma"].items()))
 
 
-def report_json(data: HarData, ols: Ols, cfg: TrainConfig, results: dict[str, Result] | None = None,
+def report_json(data: HarData, ols: Ols | None, cfg: TrainConfig, results: dict[str, Result] | None = None,
                 checks=(), incomplete: dict[str, str] | None = None) -> dict:
-    """The machine-readable report (shape in the README); slopes, intercepts and MSE in original units."""
+    """The machine-readable report (shape in docs/compare.md); slopes, intercepts and MSE in original units (the
+    HAR's; another model's paths give their curves and metrics, and "ols" is null)."""
     return {
         "config": cfg.to_dict(),
         "seed": cfg.seed,
         "versions": versions(),
         "data": {"source": data.source, "asset": data.asset, "validation": data.validation, "n_train": data.n_train,
                  "n_val": data.n_val, "n_test": data.n_test},
-        "ols": {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse,
-                "val_mse": ols.val_mse},
-        "paths": {name: path_summary(r, data) for name, r in (results or {}).items()},
+        "ols": ols and {"intercept": ols.intercept, "slopes": ols.slope_dict(), "test_mse": ols.test_mse,
+                        "val_mse": ols.val_mse},
+        "paths": {name: path_summary(r, data) if ols else model_summary(r) for name, r in (results or {}).items()},
         "checks": [dataclasses.asdict(c) for c in checks],
         "incomplete": [{"engine": e, "reason": why} for e, why in (incomplete or {}).items()],
     }
@@ -87,6 +88,25 @@ def path_summary(result: Result, data: HarData) -> dict:
     }
 
 
+def model_summary(result: Result) -> dict:
+    """What report.json keeps of a path of a model other than the HAR: its curves, metrics and time."""
+    return {"engine": result.engine, "val_curve": result.val_loss, "train_curve": result.train_loss,
+            "metrics": result.metrics, "train_seconds": result.train_seconds,
+            "compile_seconds": result.compile_seconds}
+
+
+def print_model_table(model: str, results: dict[str, Result], data: HarData) -> None:
+    """A zoo model's paths: the last epoch's training and validation loss (and metrics), the train time."""
+    metrics = sorted({k for r in results.values() for k in r.metrics if k.startswith("val_")})
+    table = Table("path", "train loss", "val loss", *metrics, "train s", title=f"{model} on {data.asset!r} "
+                  "(losses in original units for MSE and MAE)", title_justify="left")
+    for name, r in results.items():
+        last = [f"{r.metrics[m][-1]:.4f}" if r.metrics.get(m) else "" for m in metrics]
+        table.add_row(name, f"{r.train_loss[-1]:.4f}", f"{r.val_loss[-1]:.4f}" if r.val_loss else "", *last,
+                      f"{r.train_seconds:.3f}")
+    console().print(table)
+
+
 def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> None:
     """The lesson's table: OLS and each path; slopes in original units, test MSE, train time."""
     table = Table("path", *data.features, "test MSE", "vs OLS", "train s", title=f"HAR on {data.asset!r}",
@@ -101,12 +121,13 @@ def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> No
 CURVE_EPOCHS = (1, 2, 3, 5, 10, 20, 40)
 
 
-def print_curves(results: dict[str, Result], data: HarData, ols: Ols) -> None:
-    """Validation MSE (original units) at the lesson's epochs, and OLS's on the same rows."""
+def print_curves(results: dict[str, Result], data: HarData, ols: Ols | None) -> None:
+    """Validation loss (MSE in original units for the HAR) at the lesson's epochs, and OLS's on the same rows."""
     epochs = [e for e in CURVE_EPOCHS if any(len(r.val_loss) >= e for r in results.values())]
     where = "the year before the split" if data.validation == "last-year" else "the test split"
-    table = Table("path", *(f"ep {e}" for e in epochs), title=f"validation MSE by epoch, on {where} "
-                  f"({data.n_val:,} days; OLS {ols.val_mse:.4f})", title_justify="left")
+    title = (f"validation {'MSE' if ols else 'loss'} by epoch, on {where} ({data.n_val:,} rows"
+             + (f"; OLS {ols.val_mse:.4f})" if ols else ")"))
+    table = Table("path", *(f"ep {e}" for e in epochs), title=title, title_justify="left")
     for name, r in results.items():
         table.add_row(name, *(f"{r.val_loss[e - 1]:.4f}" if len(r.val_loss) >= e else "" for e in epochs))
     console().print(table)

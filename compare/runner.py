@@ -23,6 +23,7 @@ from compare import reference
 from keras_side.backend import engine_environment, engine_installed
 from keras_side.config import HarData
 from keras_side.spec import TrainConfig
+from keras_side.zoo import ZOO
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker computes on one thread (keras_side.determinism.THREADS). A full compare on 2 cores, measured:
@@ -32,6 +33,7 @@ XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 # A worker that sends nothing for this long is stopped and its engine fails, so a hung engine or `build_model`
 # cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward).
 QUIET_LIMIT_S = 600.0
+HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
 class Worker:
@@ -184,22 +186,34 @@ class Pool:
         self.close()
 
 
-def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, float64: bool = False,
-        on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
-    """Train every path on every engine, take gradients at fixed weights, and predict with every other engine's
-    weights. Everything lands under `folder`; read it back with `compare.checks`."""
-    data_file, batch_file = folder / "data.npz", folder / "batch.npz"
+def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,
+        same_epochs: int | None = None, float64: bool = False, on_event=lambda engine, event: None,
+        jobs: int = JOBS) -> Outcome:
+    """Train every path on every engine, take the HAR's gradients at fixed weights, and predict with every other
+    engine's weights. `build` names another model ("module:function", e.g. a zoo model's): then there is no
+    gradient formula to check, and the same-arithmetic run starts from one engine's seeded weights, not NumPy's.
+    `same_epochs`: how long the same-arithmetic run trains (default `cfg.epochs`). Everything lands under
+    `folder`; read it back with `compare.checks`."""
+    data_file, batch_file, init_file = folder / "data.npz", folder / "batch.npz", folder / "init.npz"
     data.save(data_file)
-    x, y, weights = reference.fixed_batch(data.x_train, data.y_train, seed=cfg.seed)
-    np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])
-    init = [w.tolist() for w in initial_weights(data, cfg.seed)]
+    har = build == HAR
+    if har:
+        x, y, weights = reference.fixed_batch(data.x_train, data.y_train, seed=cfg.seed)
+        np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])
+        np.savez(init_file, **{f"w_{i}": w for i, w in enumerate(initial_weights(data, cfg.seed))})
     with Pool(engines, folder, jobs=jobs) as pool:
-        train = {"data": str(data_file), "config": cfg.to_dict(), "init_weights": init}
+        for engine in [] if har else list(pool.live):  # the first engine that can build the model draws its start
+            request = {"data": str(data_file), "build": build, "seed": cfg.seed, "init": str(init_file)}
+            if not pool.each("init", lambda e: request, only=[engine]):
+                break
+        train = {"data": str(data_file), "config": cfg.to_dict(), "init": str(init_file), "build": build,
+                 "same_epochs": same_epochs or cfg.epochs}
         pool.each("train", lambda e: train, on_event)
-        pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
+        if har:
+            pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
         h5 = {p.stem.removesuffix(".weights"): str(p)
               for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
-        pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5})
+        pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5, "build": build})
     return pool.outcome
 
 

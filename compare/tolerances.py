@@ -13,8 +13,13 @@ FD_RTOL = 1e-7  # central differences in float64, step 1e-6: truncation ~h², ca
 
 # Moving weights between engines.
 PORTABLE_ATOL = 1e-6  # standardized units: the same float32 weights, each engine's own float32 matmul
-# Same init, same batches, same Adam: after 800 steps the engines differ only by float32 reduction order.
+# Same init, same batches, same Adam: after 720 steps the engines differ only by float32 reduction order.
 SAME_ARITHMETIC_ATOL = 1e-5
+# ...over every epoch for the HAR (convex: rounding differences stay at ~1e-7), over this many for any other model.
+# A model with kinks (ReLU, MAE) amplifies them once a unit or residual crosses zero on one engine and not on the
+# other: torch against JAX, from the same start and batches, measured two_horizons 5.6e-7 after 20 epochs, 1.1e-3
+# after 24; conv1d 2.4e-7 after 10, 2.3e-3 after 40. That is the model's sensitivity, not arithmetic.
+SAME_ARITHMETIC_EPOCHS = 3
 
 # Within one engine.
 SCAN_VS_LOOP_ATOL = 1e-6  # the fused lax.scan driver against the Python loop over the same jitted step

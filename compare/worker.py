@@ -19,9 +19,10 @@ import keras
 import numpy as np
 
 from compare import paths, zoo
+from compare.runner import HAR
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling
-from keras_side.spec import TrainConfig
+from keras_side.spec import TrainConfig, resolve
 from keras_side.determinism import seed_everything
 from keras_side.precision import float64
 
@@ -29,10 +30,25 @@ ENGINE = keras.config.backend()
 WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median
 
 
+def _model(request: dict, data: HarData) -> keras.Model:
+    """A fresh model from the request's builder ("module:function"; the HAR unless it names another), built."""
+    return models.ensure_built(resolve(request.get("build", HAR))(), data.x_train)
+
+
+def initial(request: dict, send) -> dict:
+    """Write this engine's seeded initial weights of the model: the start every engine's same-arithmetic run
+    shares (for the HAR the referee draws it with NumPy instead)."""
+    data = HarData.load(request["data"])
+    seed_everything(request["seed"])
+    np.savez(request["init"], **_named("w", _model(request, data).get_weights()))
+    return {}
+
+
 def train_paths(request: dict, send) -> dict:
     """Train both paths of this engine: the run itself, its repeat (determinism), and the same-arithmetic run."""
     data, cfg, out = HarData.load(request["data"]), TrainConfig(**request["config"]), Path(request["out"])
-    init = [np.asarray(w) for w in request["init_weights"]]
+    with np.load(request["init"]) as z:
+        init = [z[f"w_{i}"] for i in range(len(z.files))]
     for path in paths.for_engine(ENGINE):
 
         def progress(stage):
@@ -40,15 +56,16 @@ def train_paths(request: dict, send) -> dict:
                                               epoch=epoch, epochs=epochs)
 
         seed_everything(cfg.seed)
-        model = models.har()
+        model = _model(request, data)
         result = path.train(model, data, cfg, progress=progress("train"))
         result.save(out)
         model.save_weights(str(out / f"{path.name}.weights.h5"))
         seed_everything(cfg.seed)
-        again = path.train(models.har(), data, cfg, progress=progress("repeat"))
-        model = models.har()
+        again = path.train(_model(request, data), data, cfg, progress=progress("repeat"))
+        model = _model(request, data)
         model.set_weights(init)
-        same = path.train(model, data, cfg.replace(batch_order="numpy", validate=False), progress=progress("same"))
+        same_cfg = cfg.replace(batch_order="numpy", validate=False, epochs=request["same_epochs"], patience=None)
+        same = path.train(model, data, same_cfg, progress=progress("same"))
         np.savez(out / f"{path.name}.extra.npz", **_named("again", again.weights), **_named("same", same.weights))
     return {"paths": [p.name for p in paths.for_engine(ENGINE)]}
 
@@ -71,11 +88,11 @@ def gradients(request: dict, send) -> dict:
 
 
 def cross_predict(request: dict, send) -> dict:
-    """Load other engines' `.weights.h5` files into a fresh HAR here and predict the test set."""
+    """Load other engines' `.weights.h5` files into a fresh model here and predict the test set."""
     data = HarData.load(request["data"])
     preds = {}
     for name, weights_file in request["weights"].items():
-        model = models.har()
+        model = _model(request, data)
         model.load_weights(weights_file)
         preds[name] = fit.predict(model, data.x_test)
     np.savez(Path(request["out"]) / "cross_predictions.npz", **preds)
@@ -194,7 +211,7 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
     return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
 
 
-HANDLERS = {"train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
+HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
             "bench": bench, "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 

@@ -103,6 +103,12 @@ class TrainConfig:
     global_clipnorm: float | None = None
     clipvalue: float | None = None
     flavour: Flavour = "exact"
+    # Sum each sparse gradient into a dense one before the optimizer: on TensorFlow an Embedding's gradient is a
+    # tf.IndexedSlices with one slice per row of the batch, and Keras's optimizers square those slices before
+    # repeated rows are summed (Adam's v gets the sum of squares, not the square of the sum), so Keras on
+    # TensorFlow trains an Embedding differently from torch and JAX, whose gradients are dense. True gives every
+    # engine the same update (docs/optimizers.md); torch's and JAX's gradients are dense already.
+    dense_gradients: bool = False
 
     def __post_init__(self):
         # Lists arrive from JSON (the worker protocol); the frozen spec keeps tuples.
@@ -266,7 +272,27 @@ def keras_optimizer(cfg: TrainConfig):
         "rmsprop": dict(rho=cfg.rho, momentum=cfg.momentum, epsilon=cfg.epsilon),
         "adagrad": dict(initial_accumulator_value=cfg.initial_accumulator_value, epsilon=cfg.epsilon),
     }
-    return getattr(keras.optimizers, OPTIMIZERS[cfg.optimizer])(**options, **by_name[cfg.optimizer])
+    optimizer = getattr(keras.optimizers, OPTIMIZERS[cfg.optimizer])
+    return (_densified(optimizer) if cfg.dense_gradients else optimizer)(**options, **by_name[cfg.optimizer])
+
+
+def _densified(optimizer: type) -> type:
+    """The Keras optimizer class, summing each sparse gradient (TensorFlow's `tf.IndexedSlices`) into a dense
+    tensor before its update (`fit` and every path that applies it call `apply`)."""
+    from keras import ops
+
+    class Dense(optimizer):
+        def apply(self, grads, trainable_variables=None):
+            # Reshaped to its variable's shape, a tf.IndexedSlices becomes a dense tensor with repeated rows summed
+            # (keras.ops has no other densifying op); a dense gradient is unchanged. (JAX's `stateless_apply` passes
+            # no variables: its gradients are dense.)
+            if trainable_variables is not None:
+                grads = [g if g is None else ops.reshape(g, v.shape)
+                         for g, v in zip(grads, trainable_variables, strict=True)]
+            return super().apply(grads, trainable_variables)
+
+    Dense.__name__ = Dense.__qualname__ = optimizer.__name__
+    return Dense
 
 
 def _one_loss(name: str, from_logits: bool):

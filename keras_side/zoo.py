@@ -24,6 +24,7 @@ class Entry:
     data: str
     spec: dict = field(default_factory=dict)  # what the model needs of the TrainConfig (its loss)
     about: str = ""
+    draws: bool = False  # draws random numbers while training (Dropout): each engine from its own generator
 
     def builder(self):
         return resolve(self.build)
@@ -35,7 +36,7 @@ ZOO = {
                         "the HAR as weighted least squares: sample_weight halving every 252 days back"),
     "mlp_l2": Entry("keras_side.models:mlp_l2", "har", about="3-8-1 MLP, L2 kernel and activity regularizers"),
     "bn_mlp": Entry("keras_side.models:bn_mlp", "har", about="Dense(8, no bias) → BatchNorm → relu → Dense(1)"),
-    "dropout_mlp": Entry("keras_side.models:dropout_mlp", "har", about="3-16-1 MLP with Dropout(0.2)"),
+    "dropout_mlp": Entry("keras_side.models:dropout_mlp", "har", about="3-16-1 MLP with Dropout(0.2)", draws=True),
     "lstm": Entry("keras_side.models:lstm", "sequence", about="LSTM(8) over the last 22 days of log RV"),
     "conv1d": Entry("keras_side.models:conv1d", "sequence", about="Conv1D(4, 5) → average pool over 22 days"),
     "two_horizons": Entry("keras_side.models:two_horizons", "horizons",
@@ -44,7 +45,8 @@ ZOO = {
     "classifier": Entry("keras_side.models:classifier", "direction",
                         {"loss": "binary_crossentropy", "from_logits": True, "metrics": ("binary_accuracy",)},
                         "3-8-1 logits of the return's sign, binary cross-entropy"),
-    "panel": Entry("keras_side.models:panel", "panel", about="every asset, an Embedding(6, 1) level per asset"),
+    "panel": Entry("keras_side.models:panel", "panel", {"dense_gradients": True},
+                   "every asset, an Embedding(6, 1) level per asset (dense gradients: see TrainConfig)"),
 }
 
 # Optimizer settings the zoo trains with: every Keras optimizer, each schedule, each kind of clipping.

@@ -66,6 +66,8 @@ TRAINING_CASES = [
     (["walk-forward", "--fit-refits", "-1"], "--fit-refits must be 0 or more, got -1"),
     (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
     (["walk-forward", "--assets", "bono", "--asset", "oro"], "--asset 'oro' is not among the walk-forward's assets"),
+    (["compare", "--model", "resnet"], "unknown model 'resnet'; --model takes one of har, har_recent"),
+    (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),
 ]
 
 

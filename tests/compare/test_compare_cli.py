@@ -54,6 +54,50 @@ def test_terminal_shows_what_report_json_holds(default_run):
     assert f"{len(report['checks'])} of {len(report['checks'])} checks passed" in text
 
 
+def test_the_validation_curve_is_the_year_before_the_split(default_run):
+    """The curves approach OLS's MSE on the validation year, which training left out; the test split stays for
+    the table."""
+    _, _, report, text = default_run
+    assert report["data"]["validation"] == "last-year" and 200 < report["data"]["n_val"] < 300
+    ols = report["ols"]
+    assert abs(ols["val_mse"] - ols["test_mse"]) > 1e-3 and f"OLS {ols['val_mse']:.4f}" in text
+    for path in report["paths"].values():
+        assert abs(path["val_curve"][-1] / ols["val_mse"] - 1) < 0.01
+
+
+def test_compare_trains_any_zoo_model_on_every_path(tmp_path, capsys):
+    """`--model two_horizons`: every path trains the zoo's two-output model; the checks that hold for any model
+    run (portable weights, determinism, the same arithmetic from one engine's seeded start), the HAR's own do not."""
+    out = tmp_path / "run"
+    code = cli.main(["compare", "--model", "two_horizons", "--engines", "torch,jax", "--quick", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    text = capsys.readouterr().out
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+    assert report["model"] == "two_horizons" and report["ols"] is None
+    assert report["config"]["loss"] == ["mse", "mae"] and report["config"]["loss_weights"] == [1.0, 0.5]
+    families = {c["name"].split("/")[0] for c in report["checks"]}
+    assert families == {"portable_weights", "deterministic", "same_arithmetic"}
+    assert sum(c["name"].startswith("same_arithmetic/") for c in report["checks"]) == 4
+    for name, path in report["paths"].items():
+        assert name in text and len(path["val_curve"]) == 5 and f"{path['val_curve'][-1]:.4f}" in text
+    assert (out / "curves.png").exists() and not (out / "slopes.png").exists()
+
+
+def test_same_arithmetic_stays_within_an_engine_for_a_model_that_draws():
+    """A Dropout model draws its masks from each engine's own generator: its paths are compared within an engine,
+    and the check says so."""
+    import numpy as np
+
+    from compare import checks
+
+    weights = {"keras-torch": [np.zeros(3)], "torch-native": [np.zeros(3)], "keras-jax": [np.ones(3)],
+               "jax-native": [np.ones(3)]}
+    engine_of = {name: name.split("-")[0] if "native" in name else name.split("-")[1] for name in weights}
+    assert not all(c.passed for c in checks.same_arithmetic(weights))
+    grouped = checks.same_arithmetic(weights, engine_of)
+    assert all(c.passed and c.value == 0 and "engine draws its own random numbers" in c.note for c in grouped)
+
+
 def test_an_injected_wrong_gradient_fails_the_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "wrong-gradients"))
     code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
