@@ -30,7 +30,9 @@ TARGETS = (  # (path, against, at least): the issue's targets, printed with what
 WALK_FORWARD_TARGETS = (("jax-vmap-1dev", 800.0), ("jax-vmap-2dev", 1200.0))
 
 
-VARIANTS = {"jax": ["jax-native-scan"], "torch": ["torch-native-compile"]}  # timed beside the referee's paths
+# Timed beside the referee's paths; the "-engine" ones run torch's stock Adam, the price of the exact one.
+VARIANTS = {"jax": ["jax-native-scan"],
+            "torch": ["torch-native-compile", "torch-native-engine", "torch-native-compile-engine"]}
 
 
 def bench_paths(engine: str) -> list[str]:

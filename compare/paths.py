@@ -1,6 +1,7 @@
 """Every training path by name: which engine runs it and which module's verbs (`train`, `grad_at`, `predict`)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from dataclasses import dataclass, field
@@ -16,14 +17,16 @@ class Path:
     name: str
     engine: str
     module: str
-    options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # keyword arguments of the module's `train`
+    spec: dict = field(default_factory=dict)  # changes to the TrainConfig (e.g. the optimizer flavour)
 
     def load(self):
         """The module with the verbs; import it only in a process whose backend is `engine`."""
         return importlib.import_module(self.module)
 
     def train(self, model, data, cfg, *, progress=None):
-        return self.load().train(model, data, cfg, progress=progress, **self.options)
+        result = self.load().train(model, data, cfg.replace(**self.spec), progress=progress, **self.options)
+        return dataclasses.replace(result, path=self.name)
 
 
 PATHS = {
@@ -34,6 +37,11 @@ PATHS = {
 PATHS |= {f"keras-{e}-train-step": Path(f"keras-{e}-train-step", e, f"native.{e}.train_step") for e in ENGINES}
 PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.loop", {"driver": "scan"})
 PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch.loop", {"compile": True})
+# The torch loop with torch's stock optimizer (`flavour="engine"`): what the loop ran before its optimizer was
+# Keras-exact, timed beside it by the bench.
+PATHS["torch-native-engine"] = Path("torch-native-engine", "torch", "native.torch.loop", spec={"flavour": "engine"})
+PATHS["torch-native-compile-engine"] = Path("torch-native-compile-engine", "torch", "native.torch.loop",
+                                            {"compile": True}, {"flavour": "engine"})
 
 
 def get(name: str) -> Path:

@@ -116,7 +116,9 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
         return flat(model.get_weights())
 
     want = trained(fit.train)
-    assert np.max(np.abs(trained(torch_loop.train) - want)) > 1e-3
+    gap = np.max(np.abs(trained(torch_loop.train) - want))
+    print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epoch")
+    assert gap > 1e-3
     np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
 
 
