@@ -11,10 +11,12 @@ import sys
 from compare import commands
 from compare import data as har_data
 from compare.errors import NativeLoopsError
+from compare.tolerances import SAME_ARITHMETIC_EPOCHS
 from keras_side.backend import BackendError
 from keras_side.spec import SpecError
 from keras_side.config import ENGINES
 from keras_side.spec import TrainConfig
+from keras_side.zoo import ZOO
 
 
 def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model (default: %(default)s)",
@@ -26,8 +28,8 @@ def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model 
     p.add_argument("--end", default=None, help="last test day (default: the last day of the data)")
     if validation:
         p.add_argument("--validation", choices=har_data.VALIDATIONS, default=har_data.DEFAULT_VALIDATION,
-                       help="where the validation curve is measured: the year before --split, left out of training "
-                       "(default), or the test split itself (the lesson's test-set curve)")
+                       help="the validation split: the year before --split, left out of training (default), or the "
+                       "test split itself, training on every day before --split (the lesson's test-set curve)")
 
 
 def _train_options(p: argparse.ArgumentParser) -> None:
@@ -51,14 +53,17 @@ def parser() -> argparse.ArgumentParser:
     _data_options(p)
     _train_options(p)
     p.add_argument("--path", required=True, help="keras-<engine>, keras-<engine>-train-step, <engine>-native, "
-                   "jax-native-scan or torch-native-compile, e.g. jax-native")
+                   "jax-native-scan, torch-native-compile, or torch-native[-compile]-engine (torch's stock Adam), "
+                   "e.g. jax-native")
 
     p = sub.add_parser("compare", help="every path on every engine, the parity checks and the report")
     _data_options(p)
     _train_options(p)
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
     p.add_argument("--model", default="har", help="the zoo model every path trains (default: %(default)s; the OLS "
-                   "and gradient-formula checks are the HAR's); see `native-loops zoo --help`")
+                   f"and gradient-formula checks are the HAR's): {', '.join(ZOO)}")
+    p.add_argument("--same-epochs", type=int, default=None, help="epochs of the same-arithmetic run (default: "
+                   f"every epoch for the HAR, the first {SAME_ARITHMETIC_EPOCHS} for another model)")
     p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
     p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")

@@ -117,7 +117,12 @@ def compare(args: argparse.Namespace) -> int:
     if args.float64 and not har:
         raise NativeLoopsError(f"--float64 checks the HAR's gradient formula, which --model {args.model} does not "
                                "have; drop one of them")
-    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None).replace(**entry.spec)
+    # The HAR trains with the referee's plain spec (MSE, Adam); another model with what its zoo entry needs.
+    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None).replace(**({} if har else entry.spec))
+    # The HAR's same-arithmetic run lasts the whole run; another model's its first few epochs (see the constant).
+    same_epochs = args.same_epochs or (cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS))
+    if not 1 <= same_epochs <= cfg.epochs:
+        raise NativeLoopsError(f"--same-epochs must be between 1 and the run's {cfg.epochs} epochs, got {same_epochs}")
     panel, source = load(args)
     if har:
         prepared, ols = prepare_har(args, panel, source)
@@ -125,12 +130,10 @@ def compare(args: argparse.Namespace) -> int:
         prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
                                          validation=args.validation, source=source)
         ols = None
-    # The HAR's same-arithmetic run lasts the whole run; another model's the first few epochs (see the constant).
-    same_epochs = cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
-            outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, same_epochs=same_epochs,
+            outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, har=har, same_epochs=same_epochs,
                                  float64=args.float64, on_event=on_event)
         results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick,
                                         draws_randomness=entry.draws,

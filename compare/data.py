@@ -142,16 +142,15 @@ def split_three(design: pd.DataFrame, split: str, end: str | None,
         return train, test, test
     start = _date(split, "--split") - pd.DateOffset(years=1)
     val, train = train[train.index >= start], train[train.index < start]
-    _enough(("training (before the validation year)", train), ("validation", val))
+    _enough(("training (before the validation year)", train), ("validation", val),
+            fix="move --split later, or pass --validation test")
     return train, val, test
 
 
-def _enough(*sides: tuple[str, pd.DataFrame]) -> None:
+def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end") -> None:
     for name, side in sides:
         if len(side) < MIN_ROWS_PER_SIDE:
-            raise HarDataError(
-                f"only {len(side)} {name} rows (need at least {MIN_ROWS_PER_SIDE}); move --split or --end"
-            )
+            raise HarDataError(f"only {len(side)} {name} rows (need at least {MIN_ROWS_PER_SIDE}); {fix}")
 
 
 def _date(text: str, flag: str) -> pd.Timestamp:
@@ -187,8 +186,8 @@ def standardize(
 
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
         arrays(side, extra_inputs[k] if extra_inputs else None) for k, side in enumerate(sides))
-    return HarData(x_train, y_train, x_val, y_val, x_test, y_test, scaling, names, asset, source,
-                   validation=validation)
+    return HarData(x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val, x_test=x_test, y_test=y_test,
+                   scaling=scaling, features=names, asset=asset, source=source, validation=validation)
 
 
 def prepare(
@@ -226,9 +225,10 @@ def prepare_sequences(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split:
         x = (lags.loc[side.index].to_numpy() - mean) / std
         return x[..., None].astype(np.float32), ((side["y"].to_numpy() - mean) / std).astype(np.float32)[:, None]
 
-    scaling = Scaling(np.full(1, mean), np.full(1, std), mean, std)
-    return HarData(*(a for side in sides for a in arrays(side)), scaling, ("log_rv_lags",), asset, source,
-                   validation=validation)
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = map(arrays, sides)
+    return HarData(x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val, x_test=x_test, y_test=y_test,
+                   scaling=Scaling(np.full(1, mean), np.full(1, std), mean, std), features=("log_rv_lags",),
+                   asset=asset, source=source, validation=validation)
 
 
 def prepare_direction(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,
@@ -253,8 +253,13 @@ def prepare_horizons(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: 
     design = har_features(panel, asset)
     log_rv = np.log(panel[panel["activo"] == asset].set_index("fecha")["rv_5min"])
     design["y5"] = log_rv.rolling(HORIZON_DAYS).mean().shift(1 - HORIZON_DAYS)
-    sides = split_three(design.dropna(), split, end, validation)
-    return standardize(sides, (HAR,), asset=asset, source=source, validation=validation, targets=("y", "y5"))
+    train, val, test = split_three(design.dropna(), split, end, validation)
+    # A split's last days would average days of the next split into their target: drop them, so that training
+    # never sees a validation or test day, nor validation a test day (the test split's end: dropna above).
+    gap = HORIZON_DAYS - 1
+    train, val = train.iloc[:-gap], val if val is test else val.iloc[:-gap]
+    return standardize((train, val, test), (HAR,), asset=asset, source=source, validation=validation,
+                       targets=("y", "y5"))
 
 
 RECENT_HALF_LIFE = 252  # trading days: a year-old day counts half as much as the last training day

@@ -89,21 +89,23 @@ def path_summary(result: Result, data: HarData) -> dict:
 
 
 def model_summary(result: Result) -> dict:
-    """What report.json keeps of a path of a model other than the HAR: its curves, metrics and time."""
-    return {"engine": result.engine, "val_curve": result.val_loss, "train_curve": result.train_loss,
-            "metrics": result.metrics, "train_seconds": result.train_seconds,
-            "compile_seconds": result.compile_seconds}
+    """What report.json keeps of a path of a model other than the HAR: its curves, test loss, metrics and time."""
+    return {"engine": result.engine, "units": result.units, "val_curve": result.val_loss,
+            "train_curve": result.train_loss, "test_loss": result.test_loss, "metrics": result.metrics,
+            "train_seconds": result.train_seconds, "compile_seconds": result.compile_seconds}
 
 
 def print_model_table(model: str, results: dict[str, Result], data: HarData) -> None:
-    """A zoo model's paths: the last epoch's training and validation loss (and metrics), the train time."""
+    """A zoo model's paths: the last epoch's training and validation loss (and metrics), the loss on the test
+    split, the train time."""
     metrics = sorted({k for r in results.values() for k in r.metrics if k.startswith("val_")})
-    table = Table("path", "train loss", "val loss", *metrics, "train s", title=f"{model} on {data.asset!r} "
-                  "(losses in original units for MSE and MAE)", title_justify="left")
+    units = ", ".join(sorted({r.units for r in results.values()}))
+    table = Table("path", "train loss", "val loss", "test loss", *metrics, "train s",
+                  title=f"{model} on {data.asset!r} (losses {units})", title_justify="left")
     for name, r in results.items():
         last = [f"{r.metrics[m][-1]:.4f}" if r.metrics.get(m) else "" for m in metrics]
-        table.add_row(name, f"{r.train_loss[-1]:.4f}", f"{r.val_loss[-1]:.4f}" if r.val_loss else "", *last,
-                      f"{r.train_seconds:.3f}")
+        table.add_row(name, f"{r.train_loss[-1]:.4f}", f"{r.val_loss[-1]:.4f}" if r.val_loss else "",
+                      "" if r.test_loss is None else f"{r.test_loss:.4f}", *last, f"{r.train_seconds:.3f}")
     console().print(table)
 
 

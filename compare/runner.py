@@ -187,16 +187,15 @@ class Pool:
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,
-        same_epochs: int | None = None, float64: bool = False, on_event=lambda engine, event: None,
-        jobs: int = JOBS) -> Outcome:
+        har: bool = True, same_epochs: int | None = None, float64: bool = False,
+        on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
     """Train every path on every engine, take the HAR's gradients at fixed weights, and predict with every other
-    engine's weights. `build` names another model ("module:function", e.g. a zoo model's): then there is no
-    gradient formula to check, and the same-arithmetic run starts from one engine's seeded weights, not NumPy's.
-    `same_epochs`: how long the same-arithmetic run trains (default `cfg.epochs`). Everything lands under
-    `folder`; read it back with `compare.checks`."""
+    engine's weights. `build` names the model ("module:function", e.g. a zoo model's); `har=False` says it is not
+    the plain HAR regression: then there is no gradient formula to check, and the same-arithmetic run starts from
+    one engine's seeded weights, not NumPy's. `same_epochs`: how long the same-arithmetic run trains (default
+    `cfg.epochs`). Everything lands under `folder`; read it back with `compare.checks`."""
     data_file, batch_file, init_file = folder / "data.npz", folder / "batch.npz", folder / "init.npz"
     data.save(data_file)
-    har = build == HAR
     if har:
         x, y, weights = reference.fixed_batch(data.x_train, data.y_train, seed=cfg.seed)
         np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])

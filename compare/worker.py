@@ -19,10 +19,10 @@ import keras
 import numpy as np
 
 from compare import paths, zoo
-from compare.runner import HAR
 from keras_side import fit, models
-from keras_side.config import HarData, Scaling
-from keras_side.spec import TrainConfig, resolve
+from keras_side.config import HarData, Scaling, keras_inputs, loss_units
+from keras_side.spec import TrainConfig, resolve, training_loss
+from keras_side.zoo import ZOO
 from keras_side.determinism import seed_everything
 from keras_side.precision import float64
 
@@ -32,7 +32,16 @@ WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fract
 
 def _model(request: dict, data: HarData) -> keras.Model:
     """A fresh model from the request's builder ("module:function"; the HAR unless it names another), built."""
-    return models.ensure_built(resolve(request.get("build", HAR))(), data.x_train)
+    return models.ensure_built(resolve(request.get("build", ZOO["har"].build))(), data.x_train)
+
+
+def _test_loss(model: keras.Model, data: HarData, cfg: TrainConfig) -> float:
+    """The trained model's loss on the test split as `fit` computes its validation loss (the spec's loss plus the
+    model's own losses, in inference mode), in the units of the result's curves."""
+    pred = model(keras_inputs(data.x_test), training=False)
+    loss = training_loss(cfg)(keras_inputs(data.y_test), pred)
+    loss = loss + sum(model.losses) if model.losses else loss
+    return float(keras.ops.convert_to_numpy(loss)) * loss_units(cfg, data)[0]
 
 
 def initial(request: dict, send) -> dict:
@@ -58,6 +67,7 @@ def train_paths(request: dict, send) -> dict:
         seed_everything(cfg.seed)
         model = _model(request, data)
         result = path.train(model, data, cfg, progress=progress("train"))
+        result.test_loss = _test_loss(model, data, cfg)
         result.save(out)
         model.save_weights(str(out / f"{path.name}.weights.h5"))
         seed_everything(cfg.seed)
@@ -152,7 +162,8 @@ def walk_forward(request: dict, send) -> dict:
         rows = int(w["rows"][a, r])
         scaling = Scaling(np.zeros(3), np.ones(3), 0.0, 1.0)  # timing only: the inputs are standardized already
         x_next, y_next = w["x_next"][a, r], w["x_next"][a, r, :, :1]  # timing only: no validation, no report
-        one = HarData(w["x"][a, :rows], w["y"][a, :rows], x_next, y_next, x_next, y_next, scaling, (), "", "")
+        one = HarData(x_train=w["x"][a, :rows], y_train=w["y"][a, :rows], x_val=x_next, y_val=y_next, x_test=x_next,
+                      y_test=y_next, scaling=scaling, features=(), asset="", source="")
         seed_everything(cfg.seed)
         fit_seconds.append(fit.train(models.har(), one, cfg.replace(validate=False)).train_seconds)
     return {"timings": timings, "fit_seconds": fit_seconds}
@@ -211,8 +222,8 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
     return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
 
 
-HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict, "parity": parity,
-            "bench": bench, "walk_forward": walk_forward, "zoo": zoo.train_cells}
+HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
+            "parity": parity, "bench": bench, "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 
 def serve(requests, protocol) -> None:

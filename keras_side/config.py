@@ -146,12 +146,24 @@ def versions() -> dict[str, str]:
     return found
 
 
+def loss_units(cfg: TrainConfig, data: HarData) -> tuple[float, str]:
+    """(factor, units) that map a loss on the standardized data to what `Result` reports: an MSE to log RV², an
+    MAE to log RV, when every output's loss is that one (a regularizer's penalty is scaled with it); any other loss
+    as computed."""
+    kinds = set(cfg.losses)
+    if kinds == {"mse"}:
+        return data.scaling.y_std**2, "log RV²"
+    if kinds == {"mae"}:
+        return data.scaling.y_std, "log RV"
+    return 1.0, "as computed"
+
+
 @dataclass
 class Result:
-    """What one training path produced. Weights are NumPy in `model.weights` order; an MSE (MAE) loss in original
-    units, log RV squared (log RV), other losses as computed; `metrics` per epoch as `fit`'s History names them
-    ("binary_accuracy", "val_binary_accuracy"...), on the standardized data; `test_pred` in standardized units
-    (what crosses engines; several outputs stacked on a first axis)."""
+    """What one training path produced. Weights are NumPy in `model.weights` order; losses in `units` (see
+    `loss_units`); `metrics` per epoch as `fit`'s History names them ("binary_accuracy", "val_binary_accuracy"...),
+    on the standardized data; `test_pred` in standardized units (what crosses engines; several outputs stacked on
+    a first axis); `test_loss`, when the referee asked for it, the spec's loss on the test split."""
 
     path: str
     engine: str
@@ -164,14 +176,14 @@ class Result:
     seed: int = 0
     versions: dict[str, str] = field(default_factory=versions)
     metrics: dict[str, list[float]] = field(default_factory=dict)
+    units: str = "as computed"
+    test_loss: float | None = None
 
     @classmethod
     def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
                       test_pred, seconds: float, compile_seconds: float | None = None, metrics=None) -> Result:
         """Assemble a result from what a loop measured, losses given in standardized units."""
-        kinds = set(cfg.losses)  # in original units only when every output's loss is the same MSE (or MAE)
-        to_original = {"mse": data.scaling.y_std**2, "mae": data.scaling.y_std}.get(kinds.pop(), 1.0) if len(
-            kinds) == 1 else 1.0
+        to_original, units = loss_units(cfg, data)
         return cls(
             path=path,
             engine=engine,
@@ -183,6 +195,7 @@ class Result:
             compile_seconds=compile_seconds,
             seed=cfg.seed,
             metrics={name: [float(v) for v in values] for name, values in (metrics or {}).items()},
+            units=units,
         )
 
     def save(self, folder: Path) -> None:

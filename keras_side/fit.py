@@ -52,16 +52,16 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                     verbose=0, callbacks=callbacks)
     start = time.perf_counter()
     if cfg.batch_order == "engine":
-        logs = model.fit(keras_inputs(data.x_train), keras_inputs(data.y_train), sample_weight=data.w_train, epochs=cfg.epochs,
-                         shuffle=True, **fit_args).history
+        logs = model.fit(keras_inputs(data.x_train), keras_inputs(data.y_train), sample_weight=data.w_train,
+                         epochs=cfg.epochs, shuffle=True, **fit_args).history
     else:
         logs = {key: [] for key in ("loss", "val_loss", *cfg.metrics, *(f"val_{m}" for m in cfg.metrics))}
         stop = EarlyStopping(cfg.patience) if cfg.patience is not None else None
         for epoch, order in enumerate(numpy_orders(cfg.seed, data.n_train, cfg.epochs)):
             weights = None if data.w_train is None else data.w_train[order]
-            one = model.fit(keras_inputs(take(data.x_train, order)), keras_inputs(take(data.y_train, order)),
-                            sample_weight=weights,
-                            epochs=epoch + 1, initial_epoch=epoch, shuffle=False, **fit_args).history
+            x, y = keras_inputs(take(data.x_train, order)), keras_inputs(take(data.y_train, order))
+            one = model.fit(x, y, sample_weight=weights, epochs=epoch + 1, initial_epoch=epoch, shuffle=False,
+                            **fit_args).history
             for key in logs:
                 logs[key] += one.get(key, [])
             if stop and stop.update(epoch, logs["val_loss"][-1], model.get_weights):
@@ -96,18 +96,20 @@ class Wrapped(keras.Model):
         weighted by the batch size, the compiled metrics (which take the sample weights only as
         `weighted_metrics`). Returns the logs, named as `fit`'s History names them. (With several outputs, `fit`
         also logs each output's loss, "<output>_loss": this step reports the total only.)"""
+        skipped = set()
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss, sample_weight=batch_size)
-            elif metric.name.endswith("_loss"):
-                continue
+            elif metric.name.endswith("_loss"):  # an output's own loss, which this step does not compute
+                skipped.add(metric.name)
             else:
                 metric.update_state(y, y_pred, sample_weight=sample_weight)
-        return self.get_metrics_result()
+        return {name: value for name, value in self.get_metrics_result().items() if name not in skipped}
 
 
 def train_own_step(step_model: type[Wrapped], model: keras.Model, data: HarData, cfg: TrainConfig, *,
                    progress=None) -> Result:
-    """`train` with `step_model(model)`'s own `train_step`; the trained weights are in `model` afterwards."""
+    """`train` with `step_model(model, loss)`'s own `train_step`, `loss` the spec's (`spec.training_loss`); the
+    trained weights are in `model` afterwards."""
     result = train(step_model(model, training_loss(cfg)), data, cfg, progress=progress)
     return dataclasses.replace(result, path=f"keras-{keras.config.backend()}-train-step")

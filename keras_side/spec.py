@@ -115,10 +115,14 @@ class TrainConfig:
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
         object.__setattr__(self, "metrics", tuple(self.metrics))
-        if isinstance(self.loss, list):
-            object.__setattr__(self, "loss", tuple(self.loss))
+        if isinstance(self.loss, (list, tuple)):  # one loss per output; a single one is just that loss
+            object.__setattr__(self, "loss", tuple(self.loss) if len(self.loss) != 1 else self.loss[0])
         if self.loss_weights is not None:
-            object.__setattr__(self, "loss_weights", tuple(float(w) for w in self.loss_weights))
+            weights = self.loss_weights
+            if not isinstance(weights, (list, tuple)) or not all(
+                    isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+                raise SpecError(f"loss_weights must be a tuple of numbers, one per output loss, got {weights!r}")
+            object.__setattr__(self, "loss_weights", tuple(float(w) for w in weights))
         for problem in _problems(self):
             raise SpecError(problem)
 
@@ -135,9 +139,9 @@ class TrainConfig:
         return self.loss if isinstance(self.loss, tuple) else (self.loss,)
 
     @property
-    def outputs(self) -> int | None:
-        """How many outputs the spec is for: the length of a per-output loss, else None (any single output)."""
-        return len(self.loss) if isinstance(self.loss, tuple) else None
+    def outputs(self) -> int:
+        """How many outputs the spec is for: one, or one per loss of a per-output loss."""
+        return len(self.losses)
 
     @property
     def decay(self) -> float | None:
@@ -163,12 +167,18 @@ def _problems(c: TrainConfig):
     if isinstance(c.loss, tuple) and not c.loss:
         yield "loss is an empty tuple; give one loss per output"
     if c.loss_weights is not None:
-        if len(c.loss_weights) != len(c.losses) or not isinstance(c.loss, tuple):
-            yield (f"loss_weights needs one weight per output loss: give loss as a tuple of {len(c.loss_weights)} "
-                   f"losses, got loss={c.loss!r}")
-        elif not all(math.isfinite(w) and w >= 0 for w in c.loss_weights):
-            yield f"loss_weights must be numbers >= 0, got {c.loss_weights}"
-    if c.metrics and c.outputs:
+        if c.outputs == 1:
+            yield (f"loss_weights weighs the losses of a model with several outputs; give loss as a tuple, one per "
+                   f"output, and one weight for each (got loss={c.loss!r})")
+        elif len(c.loss_weights) != c.outputs:
+            yield (f"loss_weights has {len(c.loss_weights)} weight(s) for {c.outputs} output losses; give one "
+                   "weight per loss")
+        elif not all(math.isfinite(w) and w >= 0 for w in c.loss_weights) or not any(c.loss_weights):
+            yield f"loss_weights must be numbers >= 0, at least one of them > 0; got {c.loss_weights}"
+    for name in ("validate", "from_logits", "nesterov", "dense_gradients"):
+        if not isinstance(getattr(c, name), bool):
+            yield f"{name} must be True or False, got {getattr(c, name)!r}"
+    if c.metrics and c.outputs > 1:
         yield ("metrics on a model with several outputs (one list per output in Keras) are not supported here; drop "
                "metrics (the loss of each output is still reported by fit)")
     unknown = [m for m in c.metrics if m not in METRICS]
@@ -281,18 +291,17 @@ def _densified(optimizer: type) -> type:
     tensor before its update (`fit` and every path that applies it call `apply`)."""
     from keras import ops
 
-    class Dense(optimizer):
+    class Densified(optimizer):
         def apply(self, grads, trainable_variables=None):
             # Reshaped to its variable's shape, a tf.IndexedSlices becomes a dense tensor with repeated rows summed
-            # (keras.ops has no other densifying op); a dense gradient is unchanged. (JAX's `stateless_apply` passes
-            # no variables: its gradients are dense.)
-            if trainable_variables is not None:
-                grads = [g if g is None else ops.reshape(g, v.shape)
-                         for g, v in zip(grads, trainable_variables, strict=True)]
+            # (keras.ops has no other densifying op); a dense gradient is unchanged. Without variables, apply()
+            # updates the ones the optimizer was built with (JAX's `stateless_apply` calls it so).
+            variables = self._trainable_variables if trainable_variables is None else trainable_variables
+            grads = [g if g is None else ops.reshape(g, v.shape) for g, v in zip(grads, variables, strict=True)]
             return super().apply(grads, trainable_variables)
 
-    Dense.__name__ = Dense.__qualname__ = optimizer.__name__
-    return Dense
+    Densified.__name__ = Densified.__qualname__ = optimizer.__name__
+    return Densified
 
 
 def _one_loss(name: str, from_logits: bool):
@@ -308,7 +317,7 @@ def keras_loss(cfg: TrainConfig):
     """What `compile(loss=...)` takes: the `keras.losses.Loss` object, or a list of them, one per output (with
     `cfg.loss_weights` as `loss_weights`)."""
     losses = [_one_loss(name, cfg.from_logits) for name in cfg.losses]
-    return losses if cfg.outputs else losses[0]
+    return losses if cfg.outputs > 1 else losses[0]
 
 
 def training_loss(cfg: TrainConfig):
@@ -316,7 +325,7 @@ def training_loss(cfg: TrainConfig):
     Keras's target shaping. One output: the spec's `keras.losses.Loss` itself, so the loss can never differ from
     `fit`'s. Several: `OutputLosses`, which combines them as `compile` does."""
     loss = keras_loss(cfg)
-    return OutputLosses(loss, cfg.loss_weights) if cfg.outputs else loss
+    return OutputLosses(loss, cfg.loss_weights) if cfg.outputs > 1 else loss
 
 
 class OutputLosses:
@@ -339,7 +348,7 @@ class OutputLosses:
 def check_outputs(cfg: TrainConfig, targets: int) -> None:
     """A `SpecError` unless the spec's losses fit the data's targets: one loss for one target, one per target for
     several (a model with several outputs)."""
-    if (cfg.outputs or 1) != targets:
+    if cfg.outputs != targets:
         have = f"{targets} targets (one per output)" if targets > 1 else "one target"
         raise SpecError(f"the data has {have} but the spec gives loss={cfg.loss!r}; give "
                         + (f"loss as a tuple of {targets} losses" if targets > 1 else "one loss"))

@@ -55,7 +55,7 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     already have the outputs' rank, MSE and MAE are written in torch: the same numbers without Keras's per-call
     dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward. Several outputs: the Keras
     losses, combined with `loss_weights` as `compile` combines them."""
-    if cfg.outputs:
+    if cfg.outputs > 1:
         return training_loss(cfg)
     per_sample = TORCH_LOSSES[cfg.loss] if same_rank and cfg.loss in TORCH_LOSSES else keras_loss(cfg).call
 

@@ -80,6 +80,7 @@ def test_compare_trains_any_zoo_model_on_every_path(tmp_path, capsys):
     assert sum(c["name"].startswith("same_arithmetic/") for c in report["checks"]) == 4
     for name, path in report["paths"].items():
         assert name in text and len(path["val_curve"]) == 5 and f"{path['val_curve'][-1]:.4f}" in text
+        assert path["test_loss"] > 0 and f"{path['test_loss']:.4f}" in text and path["units"] == "as computed"
     assert (out / "curves.png").exists() and not (out / "slopes.png").exists()
 
 

@@ -121,6 +121,9 @@ def test_two_horizon_targets_are_the_day_and_the_next_five_days(panel):
     t = one.index.get_loc(data.har_features(panel, "indice").index[0])
     day, week = (float(y[0, 0]) * two.scaling.y_std + two.scaling.y_mean for y in two.y_train)
     np.testing.assert_allclose([day, week], [log_rv[t], log_rv[t:t + data.HORIZON_DAYS].mean()], rtol=1e-5)
+    # No target reaches into the next split: training and validation each end HORIZON_DAYS - 1 days earlier.
+    har = data.prepare(panel)
+    assert (two.n_train, two.n_val) == (har.n_train - data.HORIZON_DAYS + 1, har.n_val - data.HORIZON_DAYS + 1)
 
 
 def test_a_data_set_round_trips_through_its_file(panel, tmp_path):

@@ -36,9 +36,15 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(patience=2, validate=False), "early stopping needs patience >= 1 and validate=True"),
     (dict(loss=("mse", "hinge")), "unknown loss 'hinge'"),
     (dict(loss=()), "loss is an empty tuple"),
-    (dict(loss_weights=(1.0, 0.5)), "loss_weights needs one weight per output loss"),
-    (dict(loss=("mse", "mae"), loss_weights=(1.0,)), "loss_weights needs one weight per output loss"),
-    (dict(loss=("mse", "mae"), loss_weights=(1.0, -0.5)), "loss_weights must be numbers >= 0"),
+    (dict(loss_weights=(1.0, 0.5)), "loss_weights weighs the losses of a model with several outputs"),
+    (dict(loss=("mse",), loss_weights=(0.5,)), "loss_weights weighs the losses of a model with several outputs"),
+    (dict(loss=("mse", "mae"), loss_weights=(1.0,)), "loss_weights has 1 weight(s) for 2 output losses"),
+    (dict(loss=("mse", "mae"), loss_weights=(1.0, -0.5)), "loss_weights must be numbers >= 0, at least one"),
+    (dict(loss=("mse", "mae"), loss_weights=(0, 0)), "loss_weights must be numbers >= 0, at least one of them > 0"),
+    (dict(loss=("mse", "mae"), loss_weights="1,0.5"), "loss_weights must be a tuple of numbers"),
+    (dict(loss=("mse", "mae"), loss_weights=0.5), "loss_weights must be a tuple of numbers"),
+    (dict(dense_gradients="no"), "dense_gradients must be True or False, got 'no'"),
+    (dict(validate=None), "validate must be True or False"),
     (dict(loss=("mse", "mae"), metrics=("mae",)), "metrics on a model with several outputs"),
 ], ids=lambda v: str(v)[:40])
 def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
@@ -54,6 +60,7 @@ def test_a_spec_travels_as_json_and_comes_back_equal():
     assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
     two = TrainConfig(loss=("mse", "mae"), loss_weights=(1.0, 0.5))
     assert TrainConfig(**json.loads(json.dumps(two.to_dict()))) == two
+    assert TrainConfig(loss=["mse"]) == TrainConfig() and TrainConfig().outputs == 1 and two.outputs == 2
 
 
 def test_the_losses_must_fit_the_targets():

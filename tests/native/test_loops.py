@@ -274,7 +274,7 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     for curve in ("train_loss", "val_loss"):
         np.testing.assert_allclose(getattr(got, curve), getattr(want, curve), atol=HISTORY_ATOL, rtol=0)
     assert got.test_pred.shape == want.test_pred.shape == (2, data.n_test, 1)
-    (_, unweighted), _ = trained(loop.train, cfg.replace(loss_weights=None)), None
+    _, unweighted = trained(loop.train, cfg.replace(loss_weights=None))
     assert np.max(np.abs(unweighted - got_weights)) > 1e-4  # the weights take part: the objective moved
     with pytest.raises(SpecError, match="the data has 2 targets"):
         trained(loop.train, cfg.replace(loss="mse", loss_weights=None))
