@@ -17,8 +17,8 @@ PORTABLE_ATOL = 1e-6  # standardized units: the same float32 weights, each engin
 SAME_ARITHMETIC_ATOL = 1e-5
 # ...over every epoch for the HAR (convex: rounding differences stay at ~1e-7), over this many for any other model.
 # A model with kinks (ReLU, MAE) amplifies them once a unit or residual crosses zero on one engine and not on the
-# other: torch against JAX, from the same start and batches, measured two_horizons 5.6e-7 after 20 epochs, 1.1e-3
-# after 24; conv1d 2.4e-7 after 10, 2.3e-3 after 40. That is the model's sensitivity, not arithmetic.
+# other: torch against JAX, from the same start and batches (`compare --model conv1d --engines torch,jax
+# --same-epochs N`), conv1d measured 2.4e-7 after 10 epochs, 2.3e-3 after 40. The model's sensitivity, not arithmetic.
 SAME_ARITHMETIC_EPOCHS = 3
 
 # Within one engine.
