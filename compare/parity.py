@@ -71,15 +71,18 @@ def reference_engine(installed: list[str]) -> str:
 
 
 def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol: float = tolerances.PARITY_RTOL,
-                           atol: float = tolerances.PARITY_ATOL, seed: int = 0, training: bool = False,
+                           atol: float = tolerances.PARITY_ATOL, seed: int = 0, weights=None, training: bool = False,
                            pool: runner.Pool | None = None) -> dict[str, list[np.ndarray]]:
-    """Assert that every engine's loss gradient equals the float64 reference and each other.
+    """Assert that every engine's gradient of the training objective (the loss plus the model's own losses:
+    regularizers, `add_loss`) equals the float64 reference and each other. A NaN or infinite gradient fails.
 
     Args:
         build_model: importable zero-argument callable returning a `keras.Model`.
         x, y: inputs (an array, or a list of arrays for several inputs) and targets.
         loss: a Keras loss name, or an importable `loss(y_true, y_pred)` written with `keras.ops`.
         engines: engines to compare (default: every installed one).
+        seed: the NumPy seed of the weights (normal, scale 0.5) when `weights` is not given.
+        weights: your own weights, one array per `model.trainable_weights` entry, in that order.
         training: call the model with `training=True` (random layers then differ between engines).
         pool: live workers to reuse (the pytest fixture keeps one per session); else a pool is started here.
     Returns:
@@ -98,13 +101,13 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         own = pool is None
         pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp)
         try:
-            return _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp)
+            return _compare(pool, request, x, y, wanted, seed, weights, rtol, atol, tmp)
         finally:
             if own:
                 pool.close()
 
 
-def _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp):
+def _compare(pool, request, x, y, wanted, seed, weights, rtol, atol, tmp):
     missing = [e for e in wanted if e not in pool.live]
     ref = reference_engine(pool.live)
     if missing:
@@ -117,7 +120,10 @@ def _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp):
     with np.load(tmp / "shapes.npz") as z:
         names = [str(n) for n in z["names"]]
         shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
-    weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
+    if weights is None:
+        weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
+    else:
+        weights = _own_weights(weights, names, shapes)
     np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)})
     runs = {e: {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / f"grads-{e}.npz")} for e in wanted}
     runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / "grads-f64.npz"),
@@ -130,6 +136,19 @@ def _compare(pool, request, x, y, wanted, seed, rtol, atol, tmp):
     if rows:
         raise AssertionError(_table(request, ref, rows, rtol, atol))
     return grads
+
+
+def _own_weights(weights, names: list[str], shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """The user's weights as float32 arrays, checked against the model's trainable weights."""
+    weights = [np.asarray(w, np.float32) for w in weights]
+    if len(weights) != len(shapes):
+        raise ParityError(f"weights has {len(weights)} arrays but the model has {len(shapes)} trainable weights "
+                          f"({', '.join(names)}); give one per weight, in model.trainable_weights order")
+    for name, w, shape in zip(names, weights, shapes):
+        if w.shape != shape:
+            raise ParityError(f"weights for {name} have shape {w.shape}, the model's is {shape}; give them in "
+                              "model.trainable_weights order")
+    return weights
 
 
 def _ask(pool, engines, request_for, build) -> None:
@@ -153,7 +172,8 @@ def _mismatches(names, grads, reference, rtol, atol):
         for name, g, w in zip(names, got, want, strict=True):
             w = w.astype(np.float64)
             allowed = atol + rtol * np.abs(w)
-            excess = np.abs(g - w) - allowed
+            # A NaN or an infinity is never within tolerance (NaN compares false, so it must be said).
+            excess = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w) - allowed, np.inf)
             if excess.size and excess.max() > 0:
                 i = np.unravel_index(np.argmax(excess), excess.shape)
                 rows.append((name, engine, against, str(tuple(int(k) for k in i)), float(g[i]), float(w[i]),

@@ -218,15 +218,17 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 
 
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
-    """`jax.grad` of the batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) at the model's current
-    weights, in `model.trainable_weights` order."""
+    """`jax.grad` of the training objective at the model's current weights, in `model.trainable_weights` order: the
+    batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]
     x, y = jax.tree.map(jnp.asarray, x), jnp.asarray(y)
 
     def batch_loss(trainable):
-        pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training)
-        return jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
+        pred, _, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training,
+                                               return_losses=True)
+        value = jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
+        return value + sum(losses) if losses else value
 
     return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]
 

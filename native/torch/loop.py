@@ -165,12 +165,13 @@ def _evaluate(model, loss_fn, x, y, regularized: bool, metrics: EpochMetrics) ->
 
 
 def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
-    """Autograd gradient of the batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) at the current
-    weights, in `model.trainable_weights` order."""
+    """Autograd gradient of the training objective at the current weights, in `model.trainable_weights` order: the
+    batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = torch.as_tensor(y, device=device)
     value = torch.mean(loss(y, _forward(model, _tensors(x, device), training=training)))  # per-sample losses too
+    value = value + sum(model.losses) if model.losses else value
     grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]
 

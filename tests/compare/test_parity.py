@@ -88,3 +88,32 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "1 passed" in proc.stdout
+
+
+def test_the_gradient_is_the_training_objectives(grad_parity):
+    """A kernel regularizer is part of what `fit` minimizes, so it is part of the gradient every engine reports: at
+    the same weights, the regularized Dense(1)'s kernel gradient is the plain one plus 2·0.05·kernel."""
+    from compare import reference
+
+    rng = np.random.default_rng(1)
+    weights = [rng.normal(size=(3, 1)).astype(np.float32), rng.normal(size=(1,)).astype(np.float32)]
+    plain = reference.mse_gradient(X3, Y, *weights)
+    for engine, (kernel, bias) in grad_parity(parity_models.regularized, X3, Y, weights=weights).items():
+        np.testing.assert_allclose(kernel, plain[0] + 0.1 * weights[0], rtol=1e-5, atol=1e-6, err_msg=engine)
+        np.testing.assert_allclose(bias, plain[1], rtol=1e-5, atol=1e-6, err_msg=engine)
+
+
+def test_your_own_weights_are_checked_against_the_model(grad_parity):
+    with pytest.raises(ParityError, match=r"weights has 1 arrays but the model has 2 trainable weights"):
+        grad_parity(parity_models.har, X3, Y, weights=[np.zeros((3, 1))])
+    with pytest.raises(ParityError, match=r"weights for .*kernel have shape \(1, 3\), the model's is \(3, 1\)"):
+        grad_parity(parity_models.har, X3, Y, weights=[np.zeros((1, 3)), np.zeros(1)])
+
+
+def test_a_nan_gradient_fails(grad_parity):
+    """NaN compares false with everything: a check that only asks `excess > 0` would pass it. One NaN input makes
+    every engine's gradient NaN, and the check fails naming the weights."""
+    x = X3.copy()
+    x[5, 1] = np.nan
+    with pytest.raises(AssertionError, match="nan"):
+        grad_parity(parity_models.har, x, Y)

@@ -278,3 +278,20 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     assert np.max(np.abs(unweighted - got_weights)) > 1e-4  # the weights take part: the objective moved
     with pytest.raises(SpecError, match="the data has 2 targets"):
         trained(loop.train, cfg.replace(loss="mse", loss_weights=None))
+
+
+def test_grad_at_is_the_gradient_of_what_fit_minimizes(har):
+    """`grad_at` includes the model's own losses: an L2(0.05) kernel penalty adds 2·0.05·kernel to the kernel's
+    gradient, at the same weights."""
+    import keras
+
+    def dense(regularizer=None):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_regularizer=regularizer)])
+
+    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
+    plain, penalized = dense(), dense(keras.regularizers.L2(0.05))
+    plain.set_weights(weights)
+    penalized.set_weights(weights)
+    want, got = loop.grad_at(plain, x, y), loop.grad_at(penalized, x, y)
+    np.testing.assert_allclose(got[0] - want[0], 0.1 * weights[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got[1], want[1])
