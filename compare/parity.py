@@ -1,7 +1,8 @@
-"""Gradient parity for any Keras model, from your own tests.
+"""Gradient and forward parity for any Keras model, from your own tests.
 
-    from compare.parity import assert_gradients_match
+    from compare.parity import assert_forward_match, assert_gradients_match
     assert_gradients_match("mypkg.models:build", x, y, loss="mse")   # every installed engine
+    assert_forward_match("mypkg.models:build", x)                     # every layer's output
 
 `build_model` is an importable zero-argument callable ("module:function", or a function defined at module top
 level), because each engine's worker process rebuilds the model. The weights come from one seeded NumPy draw and
@@ -92,22 +93,45 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         ParityError: the comparison could not run.
     """
     request = {"build": callable_spec(build_model), "loss": loss_spec(loss), "training": training}
+    return _run(request, x, y, engines, seed, weights, pool, "grads", rtol, atol)
+
+
+def assert_forward_match(build_model, x, *, engines=None, rtol: float = tolerances.PARITY_RTOL,
+                         atol: float = tolerances.PARITY_ATOL, seed: int = 0, weights=None, training: bool = False,
+                         pool: runner.Pool | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Assert that every layer's output on every engine equals the float64 reference and each other, from the same
+    weights: for "this engine predicts differently" questions. A failure names the first layer where the engines
+    part (a Sequential or Functional model; a subclassed one is compared on its output only).
+
+    Args are those of `assert_gradients_match`, without targets or loss.
+    Returns:
+        Each engine's float32 outputs, {layer name: array}, in the model's layer order.
+    """
+    request = {"build": callable_spec(build_model), "training": training}
+    first = x[0] if isinstance(x, (list, tuple)) else x
+    return _run(request, x, np.zeros((len(first), 1), np.float32), engines, seed, weights, pool, "forward", rtol,
+                atol)
+
+
+def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     wanted = list(engines or installed_engines())
     unknown = [e for e in wanted if e not in ENGINES]
     if unknown:
         raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
-    with tempfile.TemporaryDirectory(prefix="grad-parity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
         pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp)
         try:
-            return _compare(pool, request, x, y, wanted, seed, weights, rtol, atol, tmp)
+            return _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp)
         finally:
             if own:
                 pool.close()
 
 
-def _compare(pool, request, x, y, wanted, seed, weights, rtol, atol, tmp):
+def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
+    """Set the same weights on every engine, ask each for `kind` ("grads" or "forward") and the reference engine
+    for the same in float64; compare."""
     missing = [e for e in wanted if e not in pool.live]
     ref = reference_engine(pool.live)
     if missing:
@@ -125,17 +149,20 @@ def _compare(pool, request, x, y, wanted, seed, weights, rtol, atol, tmp):
     else:
         weights = _own_weights(weights, names, shapes)
     np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)})
-    runs = {e: {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / f"grads-{e}.npz")} for e in wanted}
-    runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), "grads": str(tmp / "grads-f64.npz"),
+    runs = {e: {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-{e}.npz")} for e in wanted}
+    runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-f64.npz"),
                        "float64": True}
     _ask(pool, wanted, runs.get, request["build"])
     _ask(pool, [ref], lambda e: runs["float64"], request["build"])
-    grads = {e: _load(tmp / f"grads-{e}.npz") for e in wanted}
-    reference = _load(tmp / "grads-f64.npz")
-    rows = _mismatches(names, grads, reference, rtol, atol)
+    if kind == "grads":
+        found, reference = {e: _load(tmp / f"grads-{e}.npz") for e in wanted}, _load(tmp / "grads-f64.npz")
+    else:
+        names, reference = _load_outputs(tmp / "forward-f64.npz")
+        found = {e: _load_outputs(tmp / f"forward-{e}.npz")[1] for e in wanted}
+    rows = _mismatches(names, found, reference, rtol, atol)
     if rows:
-        raise AssertionError(_table(request, ref, rows, rtol, atol))
-    return grads
+        raise AssertionError(_table(request, ref, rows, rtol, atol, kind, names))
+    return found if kind == "grads" else {e: dict(zip(names, v)) for e, v in found.items()}
 
 
 def _own_weights(weights, names: list[str], shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
@@ -162,6 +189,12 @@ def _load(path: Path) -> list[np.ndarray]:
         return [z[f"g_{i}"] for i in range(len(z.files))]
 
 
+def _load_outputs(path: Path) -> tuple[list[str], list[np.ndarray]]:
+    with np.load(path) as z:
+        names = [str(n) for n in z["names"]]
+        return names, [z[f"o_{i}"] for i in range(len(names))]
+
+
 def _mismatches(names, grads, reference, rtol, atol):
     """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair."""
     rows = []
@@ -181,10 +214,17 @@ def _mismatches(names, grads, reference, rtol, atol):
     return rows
 
 
-def _table(request, ref, rows, rtol, atol) -> str:
-    head = (f"gradient parity failed for {request['build']} (loss {request['loss']!r}; reference: float64 autograd "
-            f"on {ref}; allowed |diff| = {atol:g} + {rtol:g}·|expected|)")
-    cols = ("weight", "engine", "vs", "worst at", "value", "expected", "|diff|", "allowed")
+def _table(request, ref, rows, rtol, atol, kind="grads", names=()) -> str:
+    allowed = f"allowed |diff| = {atol:g} + {rtol:g}·|expected|"
+    if kind == "grads":
+        head = (f"gradient parity failed for {request['build']} (loss {request['loss']!r}; reference: float64 autograd "
+                f"on {ref}; {allowed})")
+    else:
+        first = min(names.index(r[0]) for r in rows)
+        head = (f"forward parity failed for {request['build']}: the engines first part at layer {names[first]!r}, "
+                f"{first + 1} of {len(names)} (reference: float64 forward on {ref}; {allowed})")
+    cols = ("weight" if kind == "grads" else "layer", "engine", "vs", "worst at", "value", "expected", "|diff|",
+            "allowed")
     body = [(n, e, a, i, f"{v:.6e}", f"{w:.6e}", f"{d:.2e}", f"{t:.2e}") for n, e, a, i, v, w, d, t in rows]
     widths = [max(len(str(r[k])) for r in (cols, *body)) for k in range(len(cols))]
     line = lambda r: "  ".join(str(c).ljust(wd) for c, wd in zip(r, widths))  # noqa: E731

@@ -1,10 +1,14 @@
-"""pytest plugin (registered through the `pytest11` entry point): the `grad_parity` fixture.
+"""pytest plugin (registered through the `pytest11` entry point): the `grad_parity` and `forward_parity` fixtures.
 
     def test_my_model_has_gradient_parity(grad_parity):
         grad_parity("mypkg.models:build", x, y, loss="mse")
 
+    def test_my_model_predicts_alike(forward_parity):
+        forward_parity("mypkg.models:build", x)
+
 Choose engines with `@pytest.mark.grad_parity_engines("torch", "jax")` or `--grad-parity-engines torch,jax`
-(default: every installed engine). One worker per engine is started on first use and kept for the session.
+(default: every installed engine; both fixtures). One worker per engine is started on first use and kept for the
+session, shared by both fixtures.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the grad_parity fixture compares")
+    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the parity fixtures (grad_parity, forward_parity) compare")
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +47,24 @@ def grad_parity_pool(tmp_path_factory):
 @pytest.fixture
 def grad_parity(request, grad_parity_pool):
     """`grad_parity(build_model, x, y, loss="mse", rtol=..., atol=...)`: see `compare.parity.assert_gradients_match`."""
+    return functools.partial(_check, grad_parity_pool, _engines(request))
+
+
+@pytest.fixture
+def forward_parity(request, grad_parity_pool):
+    """`forward_parity(build_model, x, rtol=..., atol=...)`: see `compare.parity.assert_forward_match`."""
+    return functools.partial(_forward, grad_parity_pool, _engines(request))
+
+
+def _engines(request) -> list[str] | None:
     marker = request.node.get_closest_marker("grad_parity_engines")
     option = request.config.getoption("--grad-parity-engines")
-    engines = list(marker.args) if marker else option.split(",") if option else None
-    return functools.partial(_check, grad_parity_pool, engines)
+    return list(marker.args) if marker else option.split(",") if option else None
 
 
 def _check(get_pool, engines, build_model, x, y, loss="mse", **kwargs):
     return parity.assert_gradients_match(build_model, x, y, loss, engines=engines, pool=get_pool(), **kwargs)
+
+
+def _forward(get_pool, engines, build_model, x, **kwargs):
+    return parity.assert_forward_match(build_model, x, engines=engines, pool=get_pool(), **kwargs)

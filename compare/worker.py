@@ -110,8 +110,9 @@ def cross_predict(request: dict, send) -> dict:
 
 
 def parity(request: dict, send) -> dict:
-    """Build the user's model here; describe its trainable weights, or take its loss gradient at given weights."""
-    build, loss = _resolve(request["build"]), _loss(request["loss"])
+    """Build the user's model here; describe its trainable weights, or, at given weights, take the gradient of its
+    training objective (`grads`) or every layer's output (`forward`)."""
+    build, loss = _resolve(request["build"]), _loss(request.get("loss", "mse"))
     exact = bool(request.get("float64"))
     with np.load(request["inputs"]) as z:
         xs = [z[f"x{i}"] for i in range(int(z["n_inputs"]))]
@@ -131,6 +132,10 @@ def parity(request: dict, send) -> dict:
         with np.load(request["weights"]) as z:
             for i, v in enumerate(variables):
                 v.assign(z[f"w{i}"].astype(v.dtype))
+        if "forward" in request:
+            outputs = models.layer_outputs(model, x, training=request["training"])
+            np.savez(request["forward"], names=np.array(list(outputs)), **_named("o", outputs.values()))
+            return {}
         grads = paths.loop(ENGINE).grad_at(model, x, y, loss=loss, training=request["training"])
     np.savez(request["grads"], **_named("g", grads))
     return {}

@@ -170,6 +170,24 @@ def ensure_built(model: keras.Model, x) -> keras.Model:
     return model
 
 
+def layer_outputs(model: keras.Model, x, *, training: bool = False) -> dict[str, np.ndarray]:
+    """Every layer's output on `x`, by layer name, in the model's order: for a Sequential or Functional model, one
+    Keras model over the same graph with every layer's output as an output. A subclassed model has no graph to
+    read, so only its final output, under the model's name. A layer with several outputs gives "name:0", "name:1"."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return {model.name: keras.ops.convert_to_numpy(model(keras_inputs(x), training=training))}
+    names, outputs = [], []
+    for layer in model.layers:
+        out = layer.output
+        parts = out if isinstance(out, (list, tuple)) else [out]
+        names += [layer.name] if len(parts) == 1 else [f"{layer.name}:{i}" for i in range(len(parts))]
+        outputs += list(parts)
+    values = keras.Model(inputs, outputs)(keras_inputs(x), training=training)
+    values = values if isinstance(values, (list, tuple)) else [values]  # a one-layer model's single output
+    return {name: keras.ops.convert_to_numpy(v) for name, v in zip(names, values, strict=True)}
+
+
 def example_inputs(name: str, rows: int = 2):
     """Inputs of the right shape and dtype for a builder, for listings and smoke tests."""
     x = np.zeros((rows, HAR_INPUTS), np.float32)

@@ -74,3 +74,16 @@ mlp_subclass = models.mlp_subclass
 def regularized():
     """A Dense(1) with an L2(0.05) kernel penalty: its training objective's gradient adds 0.1·kernel."""
     return keras.Sequential([keras.Input((3,)), layers.Dense(1, kernel_regularizer=keras.regularizers.L2(0.05))])
+
+
+class Skew(layers.Layer):
+    """Deliberately not portable, and without weights: scales its input by 1.5 on torch only."""
+
+    def call(self, x):
+        return x * (1.5 if keras.config.backend() == "torch" else 1.0)
+
+
+def skewed_middle():
+    """A skew in the middle of three layers: every layer after it differs too, the first to differ is `skew`."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, activation="tanh", name="first"), Skew(name="skew"),
+                             layers.Dense(1, name="last")])

@@ -87,7 +87,7 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_parity.py"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "1 passed" in proc.stdout
+    assert "2 passed" in proc.stdout
 
 
 def test_the_gradient_is_the_training_objectives(grad_parity):
@@ -117,3 +117,24 @@ def test_a_nan_gradient_fails(grad_parity):
     x[5, 1] = np.nan
     with pytest.raises(AssertionError, match="nan"):
         grad_parity(parity_models.har, x, Y)
+
+
+@pytest.mark.parametrize("build, x", [(parity_models.har, X3), (parity_models.lstm_model, RNG.normal(size=(16, 6, 2))),
+                                      (models.panel, [X3, IDS]), (parity_models.mlp_subclass, X3)],
+                         ids=["har", "lstm", "panel", "subclass"])
+def test_every_layers_output_matches(forward_parity, build, x):
+    x = x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == np.float64 else x
+    outputs = forward_parity(build, x)
+    assert set(outputs) == {"torch", "jax", "tensorflow"}
+    names = list(outputs["jax"])
+    assert all(list(o) == names for o in outputs.values()) and names
+    if build is models.panel:  # every layer of the graph, inputs included, in the model's order
+        assert set(names) == {"har_means", "asset_id", "asset_level", "flatten", "concat", "har"}
+
+
+def test_the_first_layer_where_engines_part_is_named(forward_parity):
+    with pytest.raises(AssertionError) as err:
+        forward_parity(parity_models.skewed_middle, X3)
+    header, columns, *rows = str(err.value).splitlines()
+    assert "the engines first part at layer 'skew', 2 of 3" in header and columns.split()[0] == "layer"
+    assert {row.split()[0] for row in rows} == {"skew", "last"} and all("torch" in row.split()[1:3] for row in rows)
