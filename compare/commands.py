@@ -12,7 +12,7 @@ from compare import data as har_data
 from compare import walk_forward as walk
 from compare import zoo as zoo_matrix
 from compare.errors import NativeLoopsError
-from compare.io import atomic_folder, write_json
+from compare.io import atomic_folder, check_writable, write_json
 from keras_side.backend import use_backend
 from keras_side.config import ENGINES, versions
 from keras_side.spec import TrainConfig
@@ -54,8 +54,9 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
     epochs = args.epochs if epochs is None else epochs
     if epochs < 1:
         raise NativeLoopsError(f"--epochs must be at least 1, got {epochs}")
-    if args.seed < 0:
-        raise NativeLoopsError(f"--seed must be a non-negative integer, got {args.seed}")
+    if not 0 <= args.seed < 2**32:
+        raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got "
+                               f"{args.seed}")
     return TrainConfig(epochs=epochs, seed=args.seed)
 
 
@@ -161,6 +162,8 @@ def compare(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     engines = parse_engines(args.engines)
+    if args.json:
+        check_writable(args.json)  # before the benchmark, not after it
     if args.repeats < 1:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
     cfg = train_config(args)
@@ -185,9 +188,7 @@ def walk_forward(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     panel, source = load(args)
     known = sorted(panel["activo"].unique())
-    assets = [a.strip() for a in args.assets.split(",")] if args.assets else known
-    for asset in assets:
-        har_data.har_features(panel, asset)  # an unknown asset stops here, with the list of known ones
+    assets = parse_names(args.assets, known, "asset")  # unknown or repeated assets stop here
     if args.devices < 1:
         raise NativeLoopsError(f"--devices must be at least 1, got {args.devices}")
     if args.fit_refits < 0:

@@ -68,11 +68,14 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
         frame["fecha"] = pd.to_datetime(frame["fecha"])
     except (ValueError, TypeError):
         raise HarDataError("column 'fecha' has values that are not dates; write them as YYYY-MM-DD") from None
+    if frame["fecha"].dt.tz is not None:  # a daily panel: keep each row's own calendar date, drop the time zone
+        frame["fecha"] = frame["fecha"].dt.tz_localize(None)
     frame["activo"] = frame["activo"].astype(str)
     for col in ("rendimiento", "rv_5min"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    _require_finite(frame, "rendimiento", frame["rendimiento"].notna(), "must be a number")
-    _require_finite(frame, "rv_5min", frame["rv_5min"] > 0, "realized variance must be > 0")
+    _require_finite(frame, "rendimiento", np.isfinite(frame["rendimiento"]), "must be a finite number")
+    _require_finite(frame, "rv_5min", np.isfinite(frame["rv_5min"]) & (frame["rv_5min"] > 0),
+                    "realized variance must be finite and > 0")
     dup = frame.duplicated(["fecha", "activo"])
     if dup.any():
         first = frame[dup].iloc[0]
@@ -80,6 +83,10 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
             f"{int(dup.sum())} duplicate (fecha, activo) rows (first on {first.fecha:%Y-%m-%d}, asset "
             f"{first.activo!r}); keep one row per asset and day"
         )
+    constant = sorted(a for a, n in frame.groupby("activo")["rv_5min"].nunique().items() if n == 1)
+    if constant:
+        raise HarDataError(f"'rv_5min' is constant for asset(s) {', '.join(map(repr, constant))}: its HAR features "
+                           "would be constant and OLS has no answer; drop the asset or fix its values")
     return frame.sort_values(["activo", "fecha"], ignore_index=True)
 
 

@@ -17,7 +17,11 @@ def atomic_file(path: str | Path):
     path = Path(path)
     if not path.parent.is_dir():
         raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another --out")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise NativeLoopsError(f"cannot write {str(path)!r} ({err.strerror}: {err.filename!r}); choose a writable "
+                               "place") from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -26,6 +30,12 @@ def atomic_file(path: str | Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def check_writable(path: str | Path) -> None:
+    """A `NativeLoopsError` now, rather than after the work, when `path` could not be written."""
+    with atomic_file(path):
+        pass
 
 
 def write_json(path: str | Path, obj) -> None:
@@ -42,8 +52,12 @@ def atomic_folder(path: str | Path):
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise NativeLoopsError(f"--out {str(path)!r} already exists and is not an empty folder; choose a new one")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    except OSError as err:
+        raise NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose "
+                               "a writable folder") from None
     tmp.chmod(0o755)
     try:
         yield tmp

@@ -26,7 +26,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the parity fixtures (grad_parity, forward_parity) compare")
+    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the parity fixtures (grad_parity, "
+                            "forward_parity) compare")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,10 @@ def files(tmp_path_factory, panel):
 
     bad_rv = good.copy()
     bad_rv.loc[[40, 41, 900], "rv_5min"] = [np.nan, 0.0, -1.0]
+    infinite = good.copy()
+    infinite.loc[30, "rv_5min"] = np.inf
+    constant = good.copy()
+    constant.loc[constant["activo"] == "oro", "rv_5min"] = 1e-4
     (folder / "garbage.parquet").write_bytes(b"this is not parquet")
     return {
         "good": write("good.parquet", good),
@@ -27,6 +31,8 @@ def files(tmp_path_factory, panel):
         "columns": write("columns.parquet", good.rename(columns={"activo": "asset"})),
         "bad_rv": write("bad_rv.parquet", bad_rv),
         "duplicates": write("dup.parquet", good.iloc[list(range(100)) + [7]]),
+        "infinite": write("infinite.parquet", infinite),
+        "constant": write("constant.parquet", constant),
     }
 
 
@@ -37,6 +43,8 @@ CASES = [
     (["--data", "good", "--asset", "bitcoin"], "unknown asset 'bitcoin'; the data has accion, bono, cripto"),
     (["--data", "bad_rv"], "'rv_5min' has 3 missing or invalid values (first on"),
     (["--data", "duplicates"], "1 duplicate (fecha, activo) rows"),
+    (["--data", "infinite"], "'rv_5min' has 1 missing or invalid values (first on"),
+    (["--data", "constant"], "'rv_5min' is constant for asset(s) 'oro'"),
     (["--data", "good", "--split", "2025-12-20"], "only "),
     (["--data", "good", "--split", "1999-01-01"], "split date 1999-01-01 is outside the data"),
     (["--data", "good", "--split", "2009-03-01"], "training (before the validation year) rows (need at least 50)"),
@@ -61,12 +69,14 @@ def test_bad_input_compare(files, tmp_path, capsys, args, message):
 TRAINING_CASES = [
     (["compare", "--epochs", "0"], "--epochs must be at least 1, got 0"),
     (["train", "--path", "jax-native", "--epochs", "-2"], "--epochs must be at least 1, got -2"),
-    (["bench", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["bench", "--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got -1"),
     (["walk-forward", "--epochs", "0"], "--epochs must be at least 1"),
     (["walk-forward", "--fit-refits", "-1"], "--fit-refits must be 0 or more, got -1"),
     (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
     (["walk-forward", "--assets", "bono", "--asset", "oro"], "--asset 'oro' is not among the walk-forward's assets"),
     (["compare", "--model", "resnet"], "unknown model 'resnet'; --model takes one of har, har_recent"),
+    (["bench", "--seed", str(2**32)], "--seed must be an integer from 0 to 2**32 - 1"),
+    (["walk-forward", "--assets", "indice,indice"], "--assets names indice more than once"),
     (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),
 ]
 
@@ -107,3 +117,26 @@ def test_data_command_writes_and_summarizes(tmp_path, capsys):
     for expected in ("synthetic(seed=3)", "OLS per asset", "true process", "leverage", *synthetic.ASSETS):
         assert expected in text
     assert [p.name for p in tmp_path.iterdir()] == ["panel.parquet"]
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    """Under a file, or in /proc: one line, exit 2, before any work; `bench --json` finds out before benchmarking."""
+    (tmp_path / "file").write_text("")
+    for args in (["compare", "--out", str(tmp_path / "file" / "run")], ["bench", "--json", "/proc/bench.json"]):
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("native-loops: error: ") and "choose a writable" in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
+    """A parquet whose dates carry a time zone (as many exports do) is the same data set as the naive one."""
+    from compare import data
+
+    aware = panel.copy()
+    aware["fecha"] = aware["fecha"].dt.tz_localize("America/New_York")
+    aware.to_parquet(tmp_path / "aware.parquet", index=False)
+    loaded, _ = data.load_panel(tmp_path / "aware.parquet")
+    want, got = data.prepare(panel), data.prepare(loaded)
+    np.testing.assert_array_equal(got.x_train, want.x_train)
+    np.testing.assert_array_equal(got.y_test, want.y_test)

@@ -79,7 +79,7 @@ def test_walk_forward_command(tmp_path, capsys):
 
 def test_walk_forward_rejects_an_unknown_asset(tmp_path, capsys):
     assert cli.main(["walk-forward", "--assets", "bitcoin", "--out", str(tmp_path / "run")]) == 2
-    assert "unknown asset 'bitcoin'" in capsys.readouterr().err
+    assert "unknown asset(s) bitcoin; --assets takes" in capsys.readouterr().err
 
 
 def test_an_asset_with_fewer_refits_is_padded_and_left_out(panel):
