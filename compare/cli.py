@@ -6,7 +6,9 @@ exit with code 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from compare import commands
 from compare import data as har_data
@@ -33,7 +35,7 @@ def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model 
 
 
 def _train_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default: {TrainConfig.epochs})")
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
 
 
@@ -109,8 +111,19 @@ COMMANDS = {
 }
 
 
+class Terminated(Exception):
+    """SIGTERM (what `timeout`, `kill` and CI send), raised where the program is, so that every `finally` runs: the
+    run folder's temporary twin is removed and the workers are stopped, as for Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError) as err:
@@ -119,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("native-loops: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("native-loops: terminated", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from compare import walk_forward as walk
 from compare import zoo as zoo_matrix
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, write_json
-from keras_side.backend import use_backend
+from keras_side.backend import keras_defaults, use_backend
 from keras_side.config import ENGINES, versions
 from keras_side.spec import TrainConfig
 
@@ -39,6 +39,7 @@ def data(args: argparse.Namespace) -> int:
 
 def models(args: argparse.Namespace) -> int:
     use_backend(args.engine)
+    keras_defaults()
     from keras_side import models as builders
     from keras_side.determinism import seed_everything
 
@@ -51,7 +52,7 @@ def models(args: argparse.Namespace) -> int:
 
 def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> TrainConfig:
     """The run's one config, from --epochs and --seed; values no engine accepts are the user's to fix."""
-    epochs = args.epochs if epochs is None else epochs
+    epochs = epochs or (TrainConfig.epochs if args.epochs is None else args.epochs)
     if epochs < 1:
         raise NativeLoopsError(f"--epochs must be at least 1, got {epochs}")
     if not 0 <= args.seed < 2**32:
@@ -65,6 +66,7 @@ def train(args: argparse.Namespace) -> int:
     panel, source = load(args)
     prepared, fit = prepare_har(args, panel, source)
     use_backend(path.engine)
+    keras_defaults()
     from keras_side import models as builders
     from keras_side.determinism import seed_everything
 
@@ -112,6 +114,8 @@ def parse_engines(text: str) -> list[str]:
 def compare(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed on every engine, 1 when a check failed, 3 when an engine is missing."""
     engines = parse_engines(args.engines)
+    if args.quick and args.epochs is not None:
+        raise NativeLoopsError(f"--quick runs {QUICK_EPOCHS} epochs, so it cannot take --epochs; drop one of them")
     if args.model not in zoo_matrix.ZOO:
         raise NativeLoopsError(f"unknown model {args.model!r}; --model takes one of {', '.join(zoo_matrix.MODELS)}")
     entry, har = zoo_matrix.ZOO[args.model], args.model == "har"

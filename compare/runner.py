@@ -173,17 +173,21 @@ class Pool:
             self.workers[engine].proc.kill()
         return quiet
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Let every worker finish and exit; `abort` stops them at once (an interrupted run has no use for them)."""
         for worker in self.workers.values():  # all at once: each takes a moment to exit
-            worker.request_exit()
+            if abort:
+                worker.proc.kill()
+            else:
+                worker.request_exit()
         for worker in self.workers.values():
             worker.close()
 
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(abort=exc_type is not None)
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,

@@ -24,8 +24,10 @@ from keras_side.config import HarData, Scaling, keras_inputs, loss_units
 from keras_side.spec import TrainConfig, resolve, training_loss
 from keras_side.zoo import ZOO
 from keras_side.determinism import seed_everything
+from keras_side.backend import keras_defaults
 from keras_side.precision import float64
 
+keras_defaults()  # whatever a user's keras.json says, the referee computes with Keras's defaults
 ENGINE = keras.config.backend()
 WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median
 

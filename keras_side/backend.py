@@ -79,6 +79,16 @@ def own_keras_home() -> Path:
     return cache / "native-loops" / "keras"
 
 
+def keras_defaults() -> None:
+    """Put Keras's global settings back to its defaults (float32, epsilon 1e-7, channels last): a `keras.json` under
+    a user's KERAS_HOME may change them, and every number we report assumes them. Call it after `import keras`."""
+    import keras
+
+    keras.config.set_floatx("float32")
+    keras.config.set_epsilon(1e-7)
+    keras.config.set_image_data_format("channels_last")
+
+
 def use_backend(name: str) -> None:
     """Request `name` for this process; call it before anything imports keras.
 

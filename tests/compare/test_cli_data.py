@@ -75,6 +75,7 @@ TRAINING_CASES = [
     (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
     (["walk-forward", "--assets", "bono", "--asset", "oro"], "--asset 'oro' is not among the walk-forward's assets"),
     (["compare", "--model", "resnet"], "unknown model 'resnet'; --model takes one of har, har_recent"),
+    (["compare", "--quick", "--epochs", "0"], "--quick runs 5 epochs, so it cannot take --epochs"),
     (["bench", "--seed", str(2**32)], "--seed must be an integer from 0 to 2**32 - 1"),
     (["walk-forward", "--assets", "indice,indice"], "--assets names indice more than once"),
     (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),

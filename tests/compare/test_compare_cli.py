@@ -3,6 +3,7 @@ reported, not hidden."""
 import contextlib
 import io
 import json
+import os
 
 import pytest
 
@@ -148,3 +149,45 @@ def test_float64_gradients_are_judged_per_engine(tmp_path):
     assert f64["gradient_formula/jax/float64"]["value"] <= 1e-12 == f64["gradient_formula/jax/float64"]["tolerance"]
     torch = f64["gradient_formula/torch/float64"]
     assert 1e-9 < torch["value"] <= torch["tolerance"] and "keras-team/keras#23704" in torch["note"]
+
+
+def test_a_users_keras_json_does_not_reach_the_referee(tmp_path, monkeypatch, capsys):
+    """A KERAS_HOME whose keras.json sets floatx float16 and another epsilon: the workers put Keras's defaults back,
+    so every check still passes."""
+    import json as json_module
+
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    (home / "keras.json").write_text(json_module.dumps({"floatx": "float16", "epsilon": 0.1, "backend": "jax"}))
+    monkeypatch.setenv("KERAS_HOME", str(home))
+    code = cli.main(["compare", "--engines", "jax,torch", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert code == 0, [c for c in report["checks"] if not c["passed"]]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the workers through Linux's /proc")
+def test_sigterm_stops_the_workers_and_leaves_nothing_behind(tmp_path):
+    """SIGTERM (what `timeout` and CI send) in the middle of a run: one line, exit 143, the workers stopped, and
+    neither the run folder nor its temporary twin left. Sent once the worker exists; the waits are generous limits
+    on events, not timings."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "compare.cli", "compare", "--engines", "jax", "--out",
+                             str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    children_file = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    deadline, children = time.monotonic() + 300, []
+    while not children and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        children = open(children_file).read().split() if os.path.exists(children_file) else []
+    assert children, "the worker never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "native-loops: terminated"
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in children), "a worker outlived the run"
+    assert list(tmp_path.iterdir()) == []
