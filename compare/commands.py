@@ -26,6 +26,8 @@ def load(args: argparse.Namespace, **seed):
 def data(args: argparse.Namespace) -> int:
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
+    if args.out and Path(args.out).exists():
+        raise NativeLoopsError(f"--out {args.out!r} already exists; choose a new file (nothing is overwritten)")
     panel, source = load(args, seed=args.seed)
     fits = {a: reference.ols_for(panel, a, args.split, args.end, validation=args.validation)
             for a in sorted(panel["activo"].unique())}

@@ -40,6 +40,8 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
     if path is None:
         return synthetic.simulate(seed), f"synthetic(seed={seed})"
     path = Path(path)
+    if path.is_dir():
+        raise HarDataError(f"--data {str(path)!r} is a folder; pass the parquet or CSV file itself")
     if not path.is_file():
         raise HarDataError(f"data file {str(path)!r} does not exist; pass an existing parquet or CSV with --data")
     suffix = path.suffix.lower()
@@ -58,11 +60,16 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     """Check the columns and values; return a clean copy sorted by asset and date."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
+        if len(frame.columns) == 1 and ";" in str(frame.columns[0]):
+            raise HarDataError("the CSV looks separated by ';' (one column named "
+                               f"{str(frame.columns[0])[:40]!r}...); write it with ',' separators")
         hints = []
         for col in missing:
             close = difflib.get_close_matches(col, [str(c) for c in frame.columns], n=1)
             hints.append(f"{col!r}" + (f" (found {close[0]!r}: rename it)" if close else ""))
         raise HarDataError(f"missing column(s) {', '.join(hints)}; the data needs columns {', '.join(COLUMNS)}")
+    if frame.empty:
+        raise HarDataError("the data has its columns but no rows; pass a file with the panel's days")
     frame = frame[list(COLUMNS)].copy()
     try:
         frame["fecha"] = pd.to_datetime(frame["fecha"])

@@ -141,3 +141,54 @@ def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
     want, got = data.prepare(panel), data.prepare(loaded)
     np.testing.assert_array_equal(got.x_train, want.x_train)
     np.testing.assert_array_equal(got.y_test, want.y_test)
+
+
+def test_a_second_run_on_the_same_out_stops_at_once(tmp_path):
+    """The run that starts first holds --out (a lock file) from its start: another one stops before any work, and
+    the first still lands whole."""
+    from compare.errors import NativeLoopsError
+    from compare.io import atomic_folder
+
+    out = tmp_path / "run"
+    with atomic_folder(out) as first:
+        (first / "report.json").write_text("{}")
+        with pytest.raises(NativeLoopsError, match="is being written by another run|is not an empty folder"):
+            with atomic_folder(out):
+                pass
+    assert [p.name for p in out.iterdir()] == ["report.json"]
+
+
+def test_a_failed_run_removes_the_folders_it_made(tmp_path):
+    from compare.io import atomic_folder
+
+    out = tmp_path / "a" / "b" / "run"
+    with pytest.raises(RuntimeError):
+        with atomic_folder(out):
+            raise RuntimeError("the work failed")
+    assert list(tmp_path.iterdir()) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError):
+        with atomic_folder(empty):
+            raise RuntimeError("the work failed")
+    assert empty.is_dir() and list(empty.iterdir()) == []  # an empty --out that was there stays as it was
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d.mkdir() or d, "is a folder; pass the parquet or CSV file itself"),
+    (lambda d: (d.with_suffix(".csv").write_text("fecha;activo;rendimiento;rv_5min\n2020-01-02;x;0.1;0.2\n"),
+                d.with_suffix(".csv"))[1], "the CSV looks separated by ';'"),
+    (lambda d: (d.with_suffix(".csv").write_text("fecha,activo,rendimiento,rv_5min\n"), d.with_suffix(".csv"))[1],
+     "the data has its columns but no rows"),
+], ids=["folder", "semicolons", "header-only"])
+def test_data_files_that_are_not_a_panel_are_named(tmp_path, capsys, make, message):
+    data = make(tmp_path / "panel")
+    assert cli.main(["data", "--data", str(data)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_data_out_never_overwrites(tmp_path, capsys):
+    target = tmp_path / "panel.parquet"
+    target.write_text("mine")
+    assert cli.main(["data", "--out", str(target)]) == 2
+    assert "already exists; choose a new file" in capsys.readouterr().err and target.read_text() == "mine"
