@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -31,8 +32,11 @@ WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker tha
 JOBS = 3
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # A worker that sends nothing for this long is stopped and its engine fails, so a hung engine or `build_model`
-# cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward).
+# cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward). The
+# clock starts when the worker says it is ready (its engine imported): start-up is never mistaken for a hang, and
+# has its own, generous limit (an engine's first import on a fresh, busy machine can take a minute).
 QUIET_LIMIT_S = 600.0
+STARTUP_LIMIT_S = 900.0
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
@@ -50,6 +54,7 @@ class Worker:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, *WORKER], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        self.ready = False  # set when the worker's "ready" event arrives
 
     def ask(self, cmd: str, request: dict):
         try:
@@ -59,10 +64,17 @@ class Worker:
             pass  # the process is gone: reading its stdout below ends at once and reports why
         for line in self.proc.stdout:
             event = json.loads(line)
+            if event["event"] == "ready":
+                self.ready = True
             yield event
             if event["event"] in ("done", "error"):
                 return
-        yield {"event": "error", "message": f"worker exited (code {self.proc.wait()}): {self._last_log_line()}"}
+        code = self.proc.wait()
+        if code < 0:  # a signal: the log's last line (often an engine's start-up banner) says nothing about it
+            why = f"worker killed by signal {-code} ({signal.Signals(-code).name})"
+        else:
+            why = f"worker exited (code {code}): {self._last_log_line()}"
+        yield {"event": "error", "message": why}
 
     def _last_log_line(self) -> str:
         lines = [ln for ln in self.log.read_text().splitlines() if ln.strip()]
@@ -111,7 +123,7 @@ class Pool:
         missing = {e: f"{e} is not installed; `make setup` installs every engine"
                    for e in engines if not engine_installed(e)}
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
-        self.quiet_limit = QUIET_LIMIT_S  # read here, so a test can shorten it
+        self.quiet_limit, self.startup_limit = QUIET_LIMIT_S, STARTUP_LIMIT_S  # read here, so a test can shorten them
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
 
@@ -155,10 +167,15 @@ class Pool:
                 continue
             if event is None:
                 running.discard(engine)
+            elif event["event"] == "ready":
+                continue
             elif event["event"] == "error":
-                if engine in stopped:
+                if engine in stopped and self.workers[engine].ready:
                     event["message"] = (f"the {engine} worker sent nothing for {self.quiet_limit:.0f} s and was "
                                         "stopped; look for a hang in the engine or in your build_model")
+                elif engine in stopped:
+                    event["message"] = (f"the {engine} worker did not start within {self.startup_limit:.0f} s and "
+                                        f"was stopped; check that `import keras` works with KERAS_BACKEND={engine}")
                 errors[engine] = event["message"]
                 if fail_engines or self.workers[engine].proc.poll() is not None:
                     self.failed[engine] = event["message"]
@@ -167,8 +184,10 @@ class Pool:
         return errors
 
     def _stop_quiet(self, engines: set[str], heard: dict[str, float]) -> set[str]:
-        """Kill the workers among `engines` that have been silent past the limit; their requests then end."""
-        quiet = {e for e in engines if e in heard and time.monotonic() - heard[e] > self.quiet_limit}
+        """Kill the workers among `engines` that have been silent past the limit (the start-up limit until they are
+        ready); their requests then end."""
+        limit = {e: self.quiet_limit if self.workers[e].ready else self.startup_limit for e in engines}
+        quiet = {e for e in engines if e in heard and time.monotonic() - heard[e] > limit[e]}
         for engine in quiet:
             self.workers[engine].proc.kill()
         return quiet

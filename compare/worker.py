@@ -238,6 +238,7 @@ def serve(requests, protocol) -> None:
         protocol.write(json.dumps(event) + "\n")
         protocol.flush()
 
+    send(event="ready")  # the engine is imported: from here on, a silence means a hang, not a slow start
     for line in requests:
         request = json.loads(line)
         if request["cmd"] == "exit":

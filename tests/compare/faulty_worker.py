@@ -1,5 +1,6 @@
 """Test seams for the runner: workers that misbehave on purpose. Never reachable from a user's flag."""
 import os
+import signal
 import sys
 import time
 
@@ -24,6 +25,8 @@ if __name__ == "__main__":
         sys.exit(1)
     if sys.argv[1:] == ["wrong-gradients"]:
         worker.HANDLERS["gradients"] = wrong_gradients
+    if sys.argv[1:] == ["killed-on-torch"] and worker.ENGINE == "torch":
+        worker.HANDLERS["gradients"] = lambda request, send: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1:] == ["hang-on-jax"] and worker.ENGINE == "jax":
         worker.HANDLERS["gradients"] = lambda request, send: time.sleep(3600)  # a build_model that never returns
     worker.main()
