@@ -144,6 +144,14 @@ def split_dates(design: pd.DataFrame, split: str, end: str | None) -> tuple[pd.D
     return train, test
 
 
+def of_asset(asset: str, split, *args):
+    """`split(*args)` for one asset of several: a data error names the asset it is about."""
+    try:
+        return split(*args)
+    except HarDataError as err:
+        raise HarDataError(f"asset {asset!r}: {err}") from None
+
+
 def split_three(design: pd.DataFrame, split: str, end: str | None,
                 validation: str = DEFAULT_VALIDATION) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(train, validation, test) rows: `split_dates`, then the validation rows. With "last-year" they are the year
@@ -218,7 +226,7 @@ def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str |
                   validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """All assets stacked, for the panel model: inputs (d1, s5, m22) and the integer asset id (n, 1)."""
     assets = sorted(panel["activo"].unique())
-    per_asset = [split_three(har_features(panel, a), split, end, validation) for a in assets]
+    per_asset = [of_asset(a, split_three, har_features(panel, a), split, end, validation) for a in assets]
     sides = tuple(pd.concat([s[k] for s in per_asset]) for k in range(3))
     ids = tuple(np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(per_asset)])
                 for k in range(3))

@@ -181,7 +181,8 @@ def _own_weights(weights, names: list[str], shapes: list[tuple[int, ...]]) -> li
 def _ask(pool, engines, request_for, build) -> None:
     errors = pool.each("parity", request_for, only=engines, fail_engines=False)
     if errors:
-        raise ParityError(f"build_model {build!r} failed: " + "; ".join(f"{e}: {why}" for e, why in errors.items()))
+        raise ParityError(f"the check of {build!r} could not run (the model, the loss or the data): "
+                          + "; ".join(f"{e}: {why}" for e, why in errors.items()))
 
 
 def _load(path: Path) -> list[np.ndarray]:

@@ -102,7 +102,7 @@ def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, ever
     designs = []
     for asset in assets:
         design = har_data.har_features(panel, asset)
-        train, test = har_data.split_dates(design, split, end)
+        train, test = har_data.of_asset(asset, har_data.split_dates, design, split, end)
         designs.append((design.iloc[: len(train) + len(test)], len(train)))
     n = max(len(d) for d, _ in designs)
     refits = [range(first, len(d), every) for d, first in designs]

@@ -192,3 +192,12 @@ def test_data_out_never_overwrites(tmp_path, capsys):
     target.write_text("mine")
     assert cli.main(["data", "--out", str(target)]) == 2
     assert "already exists; choose a new file" in capsys.readouterr().err and target.read_text() == "mine"
+
+
+def test_a_short_asset_among_several_is_named(panel, tmp_path, capsys):
+    """Every asset is split for the walk-forward (and the panel model): the one that cannot be is named."""
+    short = panel[(panel["activo"] != "oro") | (panel["fecha"] < "2008-03-01")]
+    short.to_parquet(tmp_path / "short.parquet", index=False)
+    assert cli.main(["walk-forward", "--data", str(tmp_path / "short.parquet"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("native-loops: error: asset 'oro': split date 2018-01-01 is outside the data")

@@ -138,3 +138,8 @@ def test_the_first_layer_where_engines_part_is_named(forward_parity):
     header, columns, *rows = str(err.value).splitlines()
     assert "the engines first part at layer 'skew', 2 of 3" in header and columns.split()[0] == "layer"
     assert {row.split()[0] for row in rows} == {"skew", "last"} and all("torch" in row.split()[1:3] for row in rows)
+
+
+def test_a_bad_loss_is_not_blamed_on_the_model(grad_parity):
+    with pytest.raises(ParityError, match="could not run \\(the model, the loss or the data\\).*hubber"):
+        grad_parity(parity_models.har, X3, Y, loss="hubber")
