@@ -111,9 +111,10 @@ COMMANDS = {
 }
 
 
-class Terminated(Exception):
+class Terminated(BaseException):
     """SIGTERM (what `timeout`, `kill` and CI send), raised where the program is, so that every `finally` runs: the
-    run folder's temporary twin is removed and the workers are stopped, as for Ctrl-C."""
+    run folder's temporary twin is removed and the workers are stopped, as for Ctrl-C. A BaseException, as
+    KeyboardInterrupt is, so that no `except Exception` on the way swallows it."""
 
 
 def _terminate(signum, frame):
@@ -122,8 +123,8 @@ def _terminate(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        signal.signal(signal.SIGTERM, _terminate)
+    handles = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
     try:
         return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError) as err:
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("native-loops: terminated", file=sys.stderr)
         return 143
+    finally:
+        if handles:  # called from Python (a test, a script), the caller's own handler comes back
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ def load(args: argparse.Namespace, **seed):
 
 
 def data(args: argparse.Namespace) -> int:
+    if not 0 <= args.seed < 2**32:
+        raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1, got {args.seed}")
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
     if args.out and Path(args.out).exists():
         raise NativeLoopsError(f"--out {args.out!r} already exists; choose a new file (nothing is overwritten)")
     panel, source = load(args, seed=args.seed)
-    fits = {a: reference.ols_for(panel, a, args.split, args.end, validation=args.validation)
+    fits = {a: har_data.of_asset(a, reference.ols_for, panel, a, args.split, args.end, har_data.HAR, args.validation)
             for a in sorted(panel["activo"].unique())}
     if args.out:
         synthetic.write_parquet(panel, args.out, seed=args.seed)
@@ -127,7 +129,9 @@ def compare(args: argparse.Namespace) -> int:
     # The HAR trains with the referee's plain spec (MSE, Adam); another model with what its zoo entry needs.
     cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None).replace(**({} if har else entry.spec))
     # The HAR's same-arithmetic run lasts the whole run; another model's its first few epochs (see the constant).
-    same_epochs = args.same_epochs or (cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS))
+    same_epochs = args.same_epochs
+    if same_epochs is None:
+        same_epochs = cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS)
     if not 1 <= same_epochs <= cfg.epochs:
         raise NativeLoopsError(f"--same-epochs must be between 1 and the run's {cfg.epochs} epochs, got {same_epochs}")
     panel, source = load(args)
@@ -168,10 +172,10 @@ def compare(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     engines = parse_engines(args.engines)
-    if args.json:
-        check_writable(args.json)  # before the benchmark, not after it
     if args.repeats < 1:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.json:
+        check_writable(args.json)  # before the benchmark, not after it
     cfg = train_config(args)
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)

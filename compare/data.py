@@ -123,7 +123,11 @@ def har_features(panel: pd.DataFrame, asset: str) -> pd.DataFrame:
             "y": log_rv,
         }
     )
-    return out.dropna()
+    out = out.dropna()
+    if out.empty:
+        raise HarDataError(f"asset {asset!r} has {len(one)} days; the HAR needs more than {SEQUENCE_DAYS} (22 to "
+                           "average, then the days it predicts): give it more days or leave it out")
+    return out
 
 
 def split_dates(design: pd.DataFrame, split: str, end: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -144,12 +148,13 @@ def split_dates(design: pd.DataFrame, split: str, end: str | None) -> tuple[pd.D
     return train, test
 
 
-def of_asset(asset: str, split, *args):
-    """`split(*args)` for one asset of several: a data error names the asset it is about."""
+def of_asset(asset: str, fn, *args):
+    """`fn(*args)` for one asset of several: a data error names the asset it is about."""
     try:
-        return split(*args)
+        return fn(*args)
     except HarDataError as err:
-        raise HarDataError(f"asset {asset!r}: {err}") from None
+        named = str(err) if str(err).startswith(f"asset {asset!r}") else f"asset {asset!r}: {err}"
+        raise HarDataError(named) from None
 
 
 def split_three(design: pd.DataFrame, split: str, end: str | None,

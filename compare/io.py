@@ -14,14 +14,8 @@ from compare.errors import NativeLoopsError
 @contextmanager
 def atomic_file(path: str | Path):
     """Yield a temporary path beside `path`; move it into place only if the block succeeds."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another --out")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise NativeLoopsError(f"cannot write {str(path)!r} ({err.strerror}: {err.filename!r}); choose a writable "
-                               "place") from None
+    path = _writable(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         yield Path(tmp)
@@ -33,9 +27,26 @@ def atomic_file(path: str | Path):
 
 
 def check_writable(path: str | Path) -> None:
-    """A `NativeLoopsError` now, rather than after the work, when `path` could not be written."""
-    with atomic_file(path):
-        pass
+    """A `NativeLoopsError` now, rather than after the work, when the file `path` could not be written; nothing
+    is left behind (an existing file stays as it is)."""
+    _writable(path)
+
+
+def _writable(path: str | Path) -> Path:
+    """`path` once a temporary file could be made (and removed) beside it; else one line naming the problem."""
+    path = Path(path)
+    if path.is_dir():
+        raise NativeLoopsError(f"{str(path)!r} is a folder; name a file to write")
+    if not path.parent.is_dir():
+        raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise NativeLoopsError(f"cannot write {str(path)!r} ({err.strerror}: {err.filename!r}); choose a writable "
+                               "place") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
 
 
 def write_json(path: str | Path, obj) -> None:
@@ -43,46 +54,52 @@ def write_json(path: str | Path, obj) -> None:
         tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n")
 
 
-LOCK = ".native-loops-running"  # inside an --out folder while a run owns it
-
-
 @contextmanager
 def atomic_folder(path: str | Path):
-    """Yield a temporary folder beside `path`; rename it to `path` only if the block succeeds.
+    """Yield a temporary folder beside `path`; rename it to `path` only if the block succeeds, so `path` appears
+    whole or not at all.
 
-    `path` must not exist, or be an empty folder, so that no earlier run is ever overwritten. The run holds it with
-    a lock file from the start, so a second run given the same --out stops at once instead of after its work. On
-    failure, `path` and the parent folders this made are removed again.
+    `path` must not exist, or be an empty folder, so that no earlier run is ever overwritten. A lock file beside it
+    (`.<name>.lock`), taken before anything else, makes a second run given the same --out stop at once. On failure,
+    the parent folders this made are removed again; if the final rename itself fails, the results stay in the
+    temporary folder and the error says where.
     """
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise NativeLoopsError(f"--out {str(path)!r} already exists and is not an empty folder; choose a new one")
-    made = [p for p in (path, *path.parents) if not p.exists()]  # what this run creates, deepest first
+    made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         _remove_empty(made)
         raise NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose "
                                "a writable folder") from None
+    lock = path.parent / f".{path.name}.lock"
     try:
-        os.close(os.open(path / LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        tmp.rmdir()
-        raise NativeLoopsError(f"--out {str(path)!r} is being written by another run; choose a new one") from None
-    tmp.chmod(0o755)
+        raise NativeLoopsError(f"--out {str(path)!r} is being written by another run (or one that was killed: "
+                               f"then remove {str(lock)!r}); choose a new one") from None
+    except OSError as err:
+        _remove_empty(made)
+        raise NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose "
+                               "a writable folder") from None
+    tmp = None
     try:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise NativeLoopsError(f"--out {str(path)!r} already exists and is not an empty folder; choose a new one")
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        tmp.chmod(0o755)
         yield tmp
-        (path / LOCK).unlink()
-        path.rmdir()
-        os.replace(tmp, path)
-        made = made[1:]  # the run folder stays
+        try:
+            os.replace(tmp, path)  # onto a missing path or an empty folder: one atomic rename
+        except OSError as err:
+            kept, tmp = tmp, None
+            raise NativeLoopsError(f"--out {str(path)!r} could not be put in place ({err.strerror}); the results "
+                                   f"are in {str(kept)!r}") from None
+        made, tmp = [], None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if made and made[0] == path:
-            (path / LOCK).unlink(missing_ok=True)
-        elif path.is_dir() and (path / LOCK).exists():  # an empty --out that was there before: leave it empty
-            (path / LOCK).unlink()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        lock.unlink(missing_ok=True)
         _remove_empty(made)
 
 

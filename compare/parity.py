@@ -105,7 +105,7 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
 
     Args are those of `assert_gradients_match`, without targets or loss.
     Returns:
-        Each engine's float32 outputs, {layer name: array}, in the model's layer order.
+        Each engine's outputs, {layer name: array}, in the model's layer order (float32; an input keeps its dtype).
     """
     request = {"build": callable_spec(build_model), "training": training}
     first = x[0] if isinstance(x, (list, tuple)) else x
@@ -144,11 +144,12 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
     with np.load(tmp / "shapes.npz") as z:
         names = [str(n) for n in z["names"]]
         shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
+        frozen = {k: z[k] for k in z.files if k.startswith("frozen")}  # non-trainable values, set on every engine
     if weights is None:
         weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
     else:
         weights = _own_weights(weights, names, shapes)
-    np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)})
+    np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)}, **frozen)
     runs = {e: {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-{e}.npz")} for e in wanted}
     runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-f64.npz"),
                        "float64": True}
@@ -158,7 +159,12 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
         found, reference = {e: _load(tmp / f"grads-{e}.npz") for e in wanted}, _load(tmp / "grads-f64.npz")
     else:
         names, reference = _load_outputs(tmp / "forward-f64.npz")
-        found = {e: _load_outputs(tmp / f"forward-{e}.npz")[1] for e in wanted}
+        loaded = {e: _load_outputs(tmp / f"forward-{e}.npz") for e in wanted}
+        odd = {e: n for e, (n, _) in loaded.items() if n != names}
+        if odd:
+            raise ParityError(f"the model's layers differ between engines ({', '.join(odd)} against the reference "
+                              f"{ref}): compare their outputs only, or build the same layers on every engine")
+        found = {e: values for e, (_, values) in loaded.items()}
     rows = _mismatches(names, found, reference, rtol, atol)
     if rows:
         raise AssertionError(_table(request, ref, rows, rtol, atol, kind, names))
@@ -207,7 +213,8 @@ def _mismatches(names, grads, reference, rtol, atol):
             w = w.astype(np.float64)
             allowed = atol + rtol * np.abs(w)
             # A NaN or an infinity is never within tolerance (NaN compares false, so it must be said).
-            excess = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w) - allowed, np.inf)
+            with np.errstate(invalid="ignore", over="ignore"):
+                excess = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w) - allowed, np.inf)
             if excess.size and excess.max() > 0:
                 i = np.unravel_index(np.argmax(excess), excess.shape)
                 rows.append((name, engine, against, str(tuple(int(k) for k in i)), float(g[i]), float(w[i]),
@@ -222,8 +229,10 @@ def _table(request, ref, rows, rtol, atol, kind="grads", names=()) -> str:
                 f"on {ref}; {allowed})")
     else:
         first = min(names.index(r[0]) for r in rows)
-        head = (f"forward parity failed for {request['build']}: the engines first part at layer {names[first]!r}, "
-                f"{first + 1} of {len(names)} (reference: float64 forward on {ref}; {allowed})")
+        between = any(r[2] != "float64" for r in rows if r[0] == names[first])
+        where = "the engines first part" if between else "the engines agree, and first part from float64,"
+        head = (f"forward parity failed for {request['build']}: {where} at layer {names[first]!r}, {first + 1} of "
+                f"{len(names)} (reference: float64 forward on {ref}; {allowed})")
     cols = ("weight" if kind == "grads" else "layer", "engine", "vs", "worst at", "value", "expected", "|diff|",
             "allowed")
     body = [(n, e, a, i, f"{v:.6e}", f"{w:.6e}", f"{d:.2e}", f"{t:.2e}") for n, e, a, i, v, w, d, t in rows]

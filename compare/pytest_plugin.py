@@ -22,7 +22,8 @@ from keras_side.backend import installed_engines
 
 def pytest_addoption(parser):
     parser.addoption("--grad-parity-engines", default=None, metavar="ENGINES",
-                     help="comma-separated engines for the grad_parity fixture (default: every installed engine)")
+                     help="comma-separated engines for the grad_parity and forward_parity fixtures (default: every "
+                     "installed engine)")
 
 
 def pytest_configure(config):

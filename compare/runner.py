@@ -54,7 +54,7 @@ class Worker:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, *WORKER], env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        self.ready = False  # set when the worker's "ready" event arrives
+        self.ready = False  # set by the pool when the worker's "ready" event is taken off its queue
 
     def ask(self, cmd: str, request: dict):
         try:
@@ -64,14 +64,15 @@ class Worker:
             pass  # the process is gone: reading its stdout below ends at once and reports why
         for line in self.proc.stdout:
             event = json.loads(line)
-            if event["event"] == "ready":
-                self.ready = True
             yield event
             if event["event"] in ("done", "error"):
                 return
         code = self.proc.wait()
         if code < 0:  # a signal: the log's last line (often an engine's start-up banner) says nothing about it
-            why = f"worker killed by signal {-code} ({signal.Signals(-code).name})"
+            try:
+                why = f"worker killed by signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:  # a number without a name (a real-time signal)
+                why = f"worker killed by signal {-code}"
         else:
             why = f"worker exited (code {code}): {self._last_log_line()}"
         yield {"event": "error", "message": why}
@@ -125,7 +126,13 @@ class Pool:
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
         self.quiet_limit, self.startup_limit = QUIET_LIMIT_S, STARTUP_LIMIT_S  # read here, so a test can shorten them
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
-        self.workers = {e: Worker(e, self.engine_folder(e), env) for e in self.live}
+        self.workers = {}
+        try:
+            for engine in self.live:
+                self.workers[engine] = Worker(engine, self.engine_folder(engine), env)
+        except BaseException:  # a failed start, or an interrupt, half-way: stop the workers already started
+            self.close(abort=True)
+            raise
 
     @property
     def live(self) -> list[str]:
@@ -167,8 +174,8 @@ class Pool:
                 continue
             if event is None:
                 running.discard(engine)
-            elif event["event"] == "ready":
-                continue
+            elif event["event"] == "ready":  # from now on the quiet limit applies, counted from this moment
+                self.workers[engine].ready = True
             elif event["event"] == "error":
                 if engine in stopped and self.workers[engine].ready:
                     event["message"] = (f"the {engine} worker sent nothing for {self.quiet_limit:.0f} s and was "

@@ -1,7 +1,7 @@
 """One engine's process: `python -m compare.worker`, started by the runner with KERAS_BACKEND in its environment.
 
-It reads one JSON request per line on stdin and answers with JSON events on stdout: `progress` while it trains,
-then `done` (with what it wrote) or `error`. Arrays travel as files in the request's folder, never on the pipe.
+It says `ready` once its engine is imported, then reads one JSON request per line on stdin and answers with JSON
+events on stdout: `progress` while it trains, then `done` (with what it wrote) or `error`. Arrays travel as files in the request's folder, never on the pipe.
 Anything a library prints is sent to stderr, so the protocol stays clean.
 """
 from __future__ import annotations
@@ -127,13 +127,17 @@ def parity(request: dict, send) -> dict:
     with float64() if exact else contextlib.nullcontext():
         model = models.ensure_built(build(), x)
         variables = model.trainable_weights
-        if "describe" in request:
+        frozen = model.non_trainable_weights  # BatchNorm's statistics, a frozen layer's weights, seed states
+        if "describe" in request:  # the trainable weights' names and shapes, and this engine's non-trainable values
             np.savez(request["describe"], names=np.array([v.path for v in variables]),
-                     **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)})
+                     **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)},
+                     **{f"frozen{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(frozen)})
             return {}
         with np.load(request["weights"]) as z:
             for i, v in enumerate(variables):
                 v.assign(z[f"w{i}"].astype(v.dtype))
+            for i, v in enumerate(frozen):  # the reference engine's, so that no engine keeps its own draw
+                v.assign(z[f"frozen{i}"].astype(v.dtype))
         if "forward" in request:
             outputs = models.layer_outputs(model, x, training=request["training"])
             np.savez(request["forward"], names=np.array(list(outputs)), **_named("o", outputs.values()))

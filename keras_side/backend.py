@@ -80,13 +80,16 @@ def own_keras_home() -> Path:
 
 
 def keras_defaults() -> None:
-    """Put Keras's global settings back to its defaults (float32, epsilon 1e-7, channels last): a `keras.json` under
-    a user's KERAS_HOME may change them, and every number we report assumes them. Call it after `import keras`."""
+    """Put Keras's global settings back to its defaults (float32, epsilon 1e-7, channels last, no cap on fit's
+    epochs or steps): a `keras.json` under a user's KERAS_HOME, or KERAS_MAX_EPOCHS, may change them, and every
+    number we report assumes them. Call it after `import keras`; it changes this process's Keras settings."""
     import keras
 
     keras.config.set_floatx("float32")
     keras.config.set_epsilon(1e-7)
     keras.config.set_image_data_format("channels_last")
+    keras.config.set_max_epochs(None)  # KERAS_MAX_EPOCHS / KERAS_MAX_STEPS_PER_EPOCH would cap what fit trains
+    keras.config.set_max_steps_per_epoch(None)
 
 
 def use_backend(name: str) -> None:

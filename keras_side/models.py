@@ -172,18 +172,27 @@ def ensure_built(model: keras.Model, x) -> keras.Model:
 
 def layer_outputs(model: keras.Model, x, *, training: bool = False) -> dict[str, np.ndarray]:
     """Every layer's output on `x`, by layer name, in the model's order: for a Sequential or Functional model, one
-    Keras model over the same graph with every layer's output as an output. A subclassed model has no graph to
-    read, so only its final output, under the model's name. A layer with several outputs gives "name:0", "name:1"."""
+    Keras model over the same graph with every layer's output as an output (a Functional model lists its inputs
+    too; a layer called twice gives its first call). A model whose graph cannot be read so (subclassed, or holding
+    a Functional sub-model, whose `output` is its own graph's) gives its final output only, under its name. A layer
+    with several outputs gives "name:0", "name:1"."""
+    def final():
+        return {model.name: keras.ops.convert_to_numpy(model(keras_inputs(x), training=training))}
+
     inputs = getattr(model, "inputs", None)
     if not inputs:
-        return {model.name: keras.ops.convert_to_numpy(model(keras_inputs(x), training=training))}
+        return final()
     names, outputs = [], []
     for layer in model.layers:
         out = layer.output
         parts = out if isinstance(out, (list, tuple)) else [out]
         names += [layer.name] if len(parts) == 1 else [f"{layer.name}:{i}" for i in range(len(parts))]
         outputs += list(parts)
-    values = keras.Model(inputs, outputs)(keras_inputs(x), training=training)
+    try:
+        every_layer = keras.Model(inputs, outputs)
+    except ValueError:  # not connected to the model's inputs: a sub-model's own graph
+        return final()
+    values = every_layer(keras_inputs(x), training=training)
     values = values if isinstance(values, (list, tuple)) else [values]  # a one-layer model's single output
     return {name: keras.ops.convert_to_numpy(v) for name, v in zip(names, values, strict=True)}
 

@@ -87,3 +87,17 @@ def skewed_middle():
     """A skew in the middle of three layers: every layer after it differs too, the first to differ is `skew`."""
     return keras.Sequential([keras.Input((3,)), layers.Dense(4, activation="tanh", name="first"), Skew(name="skew"),
                              layers.Dense(1, name="last")])
+
+
+def frozen_layer():
+    """A frozen Dense between two trainable ones: its weights are not trainable, and each engine draws its own."""
+    frozen = layers.Dense(4, name="frozen")
+    frozen.trainable = False
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, name="first"), frozen, layers.Dense(1, name="last")])
+
+
+def with_backbone():
+    """A Functional sub-model inside a Sequential: forward parity compares the whole model's output."""
+    inputs = keras.Input((3,))
+    backbone = keras.Model(inputs, layers.Dense(4, activation="tanh")(inputs), name="backbone")
+    return keras.Sequential([keras.Input((3,)), backbone, layers.Dense(1, name="head")])

@@ -201,3 +201,38 @@ def test_a_short_asset_among_several_is_named(panel, tmp_path, capsys):
     assert cli.main(["walk-forward", "--data", str(tmp_path / "short.parquet"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("native-loops: error: asset 'oro': split date 2018-01-01 is outside the data")
+
+
+def test_bench_json_checks_leave_an_existing_report_alone(tmp_path, capsys):
+    """Checking --json early makes and removes a probe beside it: an existing report is untouched, a folder is one
+    line."""
+    report = tmp_path / "bench.json"
+    report.write_text('{"earlier": true}')
+    assert cli.main(["bench", "--repeats", "0", "--json", str(report)]) == 2
+    assert report.read_text() == '{"earlier": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+    assert cli.main(["bench", "--json", str(tmp_path)]) == 2
+    assert "is a folder; name a file to write" in capsys.readouterr().err
+
+
+def test_the_sigterm_handler_is_the_callers_again_after_main(tmp_path):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    cli.main(["data", "--out", str(tmp_path / "panel.parquet")])
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stale_lock_is_named_with_its_file(tmp_path, capsys):
+    """A run killed with SIGKILL leaves its lock beside --out: the next run names it and how to clear it."""
+    (tmp_path / ".run.lock").write_text("")
+    assert cli.main(["compare", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "is being written by another run (or one that was killed: then remove" in err and ".run.lock" in err
+
+
+def test_an_asset_too_short_for_the_har_is_one_line(panel, tmp_path, capsys):
+    short = panel[(panel["activo"] != "oro") | (panel["fecha"] < "2008-01-20")]
+    short.to_parquet(tmp_path / "short.parquet", index=False)
+    assert cli.main(["data", "--data", str(tmp_path / "short.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("native-loops: error: asset 'oro' has ") and "the HAR needs more than 22" in err

@@ -143,3 +143,16 @@ def test_the_first_layer_where_engines_part_is_named(forward_parity):
 def test_a_bad_loss_is_not_blamed_on_the_model(grad_parity):
     with pytest.raises(ParityError, match="could not run \\(the model, the loss or the data\\).*hubber"):
         grad_parity(parity_models.har, X3, Y, loss="hubber")
+
+
+def test_non_trainable_weights_are_the_same_on_every_engine(forward_parity, grad_parity):
+    """A frozen layer's weights are not among the trainable ones the check draws; the reference engine's are set on
+    every engine, so the engines agree instead of each keeping its own random draw."""
+    outputs = forward_parity(parity_models.frozen_layer, X3)
+    assert list(outputs["torch"]) == ["first", "frozen", "last"]
+    grad_parity(parity_models.frozen_layer, X3, Y)
+
+
+def test_a_model_with_a_functional_backbone_is_compared_on_its_output(forward_parity):
+    outputs = forward_parity(parity_models.with_backbone, X3)
+    assert all(len(o) == 1 and next(iter(o.values())).shape == (64, 1) for o in outputs.values())
