@@ -63,7 +63,10 @@ class Worker:
         except BrokenPipeError:
             pass  # the process is gone: reading its stdout below ends at once and reports why
         for line in self.proc.stdout:
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # printed by a library before the worker took over stdout: not ours
+                continue
             yield event
             if event["event"] in ("done", "error"):
                 return

@@ -27,6 +27,8 @@ if __name__ == "__main__":
         worker.HANDLERS["gradients"] = wrong_gradients
     if sys.argv[1:] == ["killed-on-torch"] and worker.ENGINE == "torch":
         worker.HANDLERS["gradients"] = lambda request, send: os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[1:] == ["chatty"]:
+        print("an engine's banner, printed to stdout before the protocol starts", flush=True)
     if sys.argv[1:] == ["hang-on-jax"] and worker.ENGINE == "jax":
         worker.HANDLERS["gradients"] = lambda request, send: time.sleep(3600)  # a build_model that never returns
     worker.main()

@@ -122,6 +122,15 @@ def test_a_missing_engine_is_reported_and_the_rest_checked(tmp_path, monkeypatch
     assert report["checks"] and all(c["passed"] for c in report["checks"])
 
 
+def test_a_line_printed_before_the_protocol_is_not_an_event(tmp_path, monkeypatch):
+    """A library that prints to stdout while the worker imports it (before the worker takes stdout for its events)
+    does not break the run."""
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "chatty"))
+    code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert code == 0 and report["incomplete"] == []
+
+
 def test_a_killed_worker_is_named_with_its_signal(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "killed-on-torch"))
     code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
