@@ -1,13 +1,13 @@
 """One engine's process: `python -m compare.worker`, started by the runner with KERAS_BACKEND in its environment.
 
 It says `ready` once its engine is imported, then reads one JSON request per line on stdin and answers with JSON
-events on stdout: `progress` while it trains, then `done` (with what it wrote) or `error`. Arrays travel as files in the request's folder, never on the pipe.
+events on stdout: `progress` while it trains, then `done` (with what it wrote) or `error`. Arrays travel as files
+in the request's folder, never on the pipe.
 Anything a library prints is sent to stderr, so the protocol stays clean.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -114,7 +114,7 @@ def cross_predict(request: dict, send) -> dict:
 def parity(request: dict, send) -> dict:
     """Build the user's model here; describe its trainable weights, or, at given weights, take the gradient of its
     training objective (`grads`) or every layer's output (`forward`)."""
-    build, loss = _resolve(request["build"]), _loss(request.get("loss", "mse"))
+    build, loss = resolve(request["build"]), _loss(request.get("loss", "mse"))
     exact = bool(request.get("float64"))
     with np.load(request["inputs"]) as z:
         xs = [z[f"x{i}"] for i in range(int(z["n_inputs"]))]
@@ -220,13 +220,8 @@ def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
     return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None, 1)}
 
 
-def _resolve(spec: str):
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def _loss(spec: str):
-    return _resolve(spec) if ":" in spec else keras.losses.get(spec)
+    return resolve(spec) if ":" in spec else keras.losses.get(spec)
 
 
 def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
