@@ -14,39 +14,36 @@ from compare.errors import NativeLoopsError
 @contextmanager
 def atomic_file(path: str | Path):
     """Yield a temporary path beside `path`; move it into place only if the block succeeds."""
-    path = _writable(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    path = Path(path)
+    tmp = _temp_beside(path)
     try:
-        yield Path(tmp)
+        yield tmp
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
 
 
 def check_writable(path: str | Path) -> None:
     """A `NativeLoopsError` now, rather than after the work, when the file `path` could not be written; nothing
     is left behind (an existing file stays as it is)."""
-    _writable(path)
+    _temp_beside(Path(path)).unlink()
 
 
-def _writable(path: str | Path) -> Path:
-    """`path` once a temporary file could be made (and removed) beside it; else one line naming the problem."""
-    path = Path(path)
+def _temp_beside(path: Path) -> Path:
+    """A new, empty temporary file beside `path`; one line naming the problem when there can be none."""
     if path.is_dir():
         raise NativeLoopsError(f"{str(path)!r} is a folder; name a file to write")
     if not path.parent.is_dir():
         raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another path")
     try:
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
         raise NativeLoopsError(f"cannot write {str(path)!r} ({err.strerror}: {err.filename!r}); choose a writable "
                                "place") from None
     os.close(fd)
-    os.unlink(probe)
-    return path
+    return Path(tmp)
 
 
 def write_json(path: str | Path, obj) -> None:
@@ -66,22 +63,19 @@ def atomic_folder(path: str | Path):
     """
     path = Path(path)
     made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        _remove_empty(made)
-        raise NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose "
-                               "a writable folder") from None
     lock = path.parent / f".{path.name}.lock"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
+    except FileExistsError as err:
+        if Path(err.filename) != lock:  # a file where a parent folder should be
+            _remove_empty(made)
+            raise _cannot_create(path, err) from None
         raise NativeLoopsError(f"--out {str(path)!r} is being written by another run (or one that was killed: "
                                f"then remove {str(lock)!r}); choose a new one") from None
     except OSError as err:
         _remove_empty(made)
-        raise NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose "
-                               "a writable folder") from None
+        raise _cannot_create(path, err) from None
     tmp = None
     try:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -101,6 +95,11 @@ def atomic_folder(path: str | Path):
             shutil.rmtree(tmp, ignore_errors=True)
         lock.unlink(missing_ok=True)
         _remove_empty(made)
+
+
+def _cannot_create(path: Path, err: OSError) -> NativeLoopsError:
+    return NativeLoopsError(f"--out {str(path)!r} cannot be created ({err.strerror}: {err.filename!r}); choose a "
+                            "writable folder")
 
 
 def _remove_empty(folders: list[Path]) -> None:
