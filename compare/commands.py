@@ -23,9 +23,14 @@ def load(args: argparse.Namespace, **seed):
     return har_data.load_panel(args.data, **seed)
 
 
+def check_seed(seed: int) -> int:
+    if not 0 <= seed < 2**32:
+        raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got {seed}")
+    return seed
+
+
 def data(args: argparse.Namespace) -> int:
-    if not 0 <= args.seed < 2**32:
-        raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1, got {args.seed}")
+    check_seed(args.seed)
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
     if args.out and Path(args.out).exists():
@@ -59,10 +64,7 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
     epochs = epochs or (TrainConfig.epochs if args.epochs is None else args.epochs)
     if epochs < 1:
         raise NativeLoopsError(f"--epochs must be at least 1, got {epochs}")
-    if not 0 <= args.seed < 2**32:
-        raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got "
-                               f"{args.seed}")
-    return TrainConfig(epochs=epochs, seed=args.seed)
+    return TrainConfig(epochs=epochs, seed=check_seed(args.seed))
 
 
 def train(args: argparse.Namespace) -> int:
