@@ -122,8 +122,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         w_epoch = None if weights is None else weights[order]
         total = torch.zeros((), device=device)
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            w_batch = None if weights is None else w_epoch[rows]
-            loss, outputs = batch_loss(take(x_epoch, rows), take(y_epoch, rows), w_batch)
+            y_batch, w_batch = take(y_epoch, rows), None if weights is None else w_epoch[rows]
+            loss, outputs = batch_loss(take(x_epoch, rows), y_batch, w_batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if clip:
@@ -133,7 +133,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                 scheduler.step()  # once a batch: Keras's schedules count optimizer steps
             total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
             if metrics:
-                metrics.update(y_epoch[rows], outputs.detach())  # (one output: the spec refuses metrics on several)
+                metrics.update(y_batch, outputs.detach())
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:
