@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,25 @@ class Outcome:
         return self.folder / "engines" / engine
 
 
+@contextmanager
+def _interrupts_held():
+    """Hold Ctrl-C and SIGTERM for the block, then deliver them as they came: raised inside `subprocess.Popen`,
+    after the fork, an interrupt would lose the started process (Popen never returns it), which then outlives the
+    run. Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default
+
+
 class Pool:
     """One live worker per engine, reused for every request: `pool.each(cmd, request_for)`.
 
@@ -131,8 +151,9 @@ class Pool:
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {}
         try:
-            for engine in self.live:
-                self.workers[engine] = Worker(engine, self.engine_folder(engine), env)
+            with _interrupts_held():  # an interrupt never lands between a worker's fork and this record of it
+                for engine in self.live:
+                    self.workers[engine] = Worker(engine, self.engine_folder(engine), env)
         except BaseException:  # a failed start, or an interrupt, half-way: stop the workers already started
             self.close(abort=True)
             raise
