@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from compare import paths, zoo
+from compare.parity import steps as parity_steps
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling, keras_inputs, loss_units
 from keras_side.spec import TrainConfig, resolve, training_loss
@@ -229,7 +230,8 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
 
 
 HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
-            "parity": parity, "bench": bench, "walk_forward": walk_forward, "zoo": zoo.train_cells}
+            "parity": parity, "trajectory": parity_steps.trajectory, "probe": parity_steps.probe, "bench": bench,
+            "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 
 def serve(requests, protocol) -> None:

@@ -27,9 +27,23 @@ class _EpochReport(keras.callbacks.Callback):
         self.progress(epoch + 1, self.epochs)
 
 
-def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+class _StepReport(keras.callbacks.Callback):
+    """Calls `on_step()` after every optimizer step, the model's variables holding that step's weights."""
+
+    def __init__(self, on_step):
+        super().__init__()
+        self.on_step = on_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if keras.config.backend() == "jax":
+            self.model.jax_state_sync()  # JAX's fit keeps the state apart from the variables until an epoch ends
+        self.on_step()
+
+
+def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None) -> Result:
     """`compile` with the spec's optimizer, loss (per output, with `loss_weights`) and metrics, then `model.fit`;
-    validation on `data`'s validation split after every epoch when `cfg.validate`.
+    validation on `data`'s validation split after every epoch when `cfg.validate`. `on_step()`, when given, is
+    called after every optimizer step, the model's variables holding that step's weights (a callback).
 
     With `cfg.batch_order="numpy"`, each epoch is one `fit` call on that epoch's NumPy permutation with
     `shuffle=False` (the optimizer keeps its state between calls), so every path sees the same batches. Keras's
@@ -44,6 +58,7 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None)
                   loss_weights=None if cfg.loss_weights is None else list(cfg.loss_weights))
     validation = (keras_inputs(data.x_val), keras_inputs(data.y_val)) if cfg.validate else None
     callbacks = [_EpochReport(progress, cfg.epochs)] if progress else []
+    callbacks += [_StepReport(on_step)] if on_step else []
     if cfg.patience is not None and cfg.batch_order == "engine":
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=cfg.patience,
                                                        restore_best_weights=True))
@@ -108,8 +123,8 @@ class Wrapped(keras.Model):
 
 
 def train_own_step(step_model: type[Wrapped], model: keras.Model, data: HarData, cfg: TrainConfig, *,
-                   progress=None) -> Result:
+                   progress=None, on_step=None) -> Result:
     """`train` with `step_model(model, loss)`'s own `train_step`, `loss` the spec's (`spec.training_loss`); the
     trained weights are in `model` afterwards."""
-    result = train(step_model(model, training_loss(cfg)), data, cfg, progress=progress)
+    result = train(step_model(model, training_loss(cfg)), data, cfg, progress=progress, on_step=on_step)
     return dataclasses.replace(result, path=f"keras-{keras.config.backend()}-train-step")

@@ -14,6 +14,7 @@ Keras model with `assign`, so `model.predict` and `save_weights` see it.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -104,12 +105,16 @@ def write_back(model, state) -> None:
         variable.assign(value)
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None, on_step=None) -> Result:
     """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
-    batches in one compiled `lax.scan`."""
+    batches in one compiled `lax.scan`. `on_step()` is called after every optimizer step of the Python loop, with
+    the state written back into the model's variables (the training-parity check reads the weights there)."""
     if cfg.patience is not None and driver == "scan":
         raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use driver='loop' "
                         "with patience")
+    if on_step is not None and driver == "scan":
+        raise SpecError("the fused scan runs every step inside one compiled call, so nothing can look in after a "
+                        "step; use driver='loop' with on_step")
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
@@ -121,6 +126,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     step = make_step(model, loss_fn, optimizer, metrics)
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
+    if on_step:  # after every step, the state in the model's variables, where the caller reads it
+        run = functools.partial(_loop_driver, after=lambda state: (write_back(model, state), on_step()))
     orders = np.asarray(batch_orders(cfg, data.n_train))
     state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, val, cfg,
                                                   progress)
@@ -149,7 +156,7 @@ def _rows_in(batch) -> int:
     return len(first(batch[1]))
 
 
-def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
+def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress, after=None):
     arrays = jax.tree.map(np.asarray, train_xy)  # (x, y) or (x, y, sample_weight)
     full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
@@ -168,6 +175,8 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
         losses, sizes = [], []
         for batch in (by_epoch(b, epoch) for b in batches):
             state, loss = step[_rows_in(batch)](state, batch)
+            if after:
+                after(state)
             losses.append(loss)
             sizes.append(_rows_in(batch))
         curves["loss"].append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it

@@ -86,9 +86,10 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
-    `compile=True` runs the batch loss through `torch.compile`."""
+    `compile=True` runs the batch loss through `torch.compile`. `on_step()` is called after every optimizer step
+    (the training-parity check reads the weights there)."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
@@ -134,6 +135,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             total += loss.detach() * (rows.stop - rows.start)  # on the device: `.item()` every step would sync
             if metrics:
                 metrics.update(y_batch, outputs.detach())
+            if on_step:
+                on_step()
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:

@@ -33,6 +33,6 @@ class OwnStep(fit.Wrapped):
         return self.report(loss, y, y_pred, sample_weight, batch_size=len(first(y)))
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None) -> Result:
     """`fit` (compiled from the spec) with our `train_step`; the trained weights are in `model` afterwards."""
-    return fit.train_own_step(OwnStep, model, data, cfg, progress=progress)
+    return fit.train_own_step(OwnStep, model, data, cfg, progress=progress, on_step=on_step)

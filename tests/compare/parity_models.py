@@ -101,3 +101,37 @@ def with_backbone():
     inputs = keras.Input((3,))
     backbone = keras.Model(inputs, layers.Dense(4, activation="tanh")(inputs), name="backbone")
     return keras.Sequential([keras.Input((3,)), backbone, layers.Dense(1, name="head")])
+
+
+class TorchGradientSkew(layers.Layer):
+    """Deliberately not portable: the same output everywhere, but on torch the gradient through this layer is 1.01
+    times the true one (a custom gradient gone wrong): x·w + 0.01·(x·w − stop_gradient(x·w)) adds zero forward."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 1), name="kernel")
+
+    def call(self, x):
+        out = ops.matmul(x, self.kernel)
+        if keras.config.backend() == "torch":
+            out = out + 0.01 * (out - ops.stop_gradient(out))
+        return out
+
+
+def gradient_skewed():
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, activation="tanh", name="first"),
+                             TorchGradientSkew(name="odd_gradient")])
+
+
+def batchnorm_model():
+    """Dense, BatchNormalization, Dense: training moves BatchNorm's moving mean and variance (non-trainable). The
+    first Dense has no bias, as before any BatchNorm: the batch mean it subtracts would leave the bias a gradient of
+    zero in exact arithmetic, and rounding noise that Adam scales to full steps, on every engine its own."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, use_bias=False, name="first"),
+                             layers.BatchNormalization(name="bn"),
+                             layers.Dense(1, name="last")])
+
+
+def batchnorm_with_bias():
+    """`batchnorm_model` with a bias before BatchNorm: a weight whose exact gradient is zero."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, name="first"), layers.BatchNormalization(name="bn"),
+                             layers.Dense(1, name="last")])

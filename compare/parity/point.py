@@ -11,64 +11,21 @@ which Keras computes float64 in float64), cheaper and more exact than finite dif
 """
 from __future__ import annotations
 
-import importlib.util
-import re
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from compare import runner, tolerances
-from compare.errors import NativeLoopsError
+from compare.parity.common import (ParityError, ask, callable_spec, check_engines, loss_spec, mismatches,
+                                   reference_engine, table)
 from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
-from keras_side.precision import TRUE_FLOAT64
-
-SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-class ParityError(NativeLoopsError):
-    """The check could not run (the model cannot be built, no float64 engine...); not a parity failure."""
-
-
-def callable_spec(fn, what: str = "build_model") -> str:
-    """'module:function' for a top-level function or such a string; a clear error for anything else."""
-    if isinstance(fn, str):
-        spec = fn
-    elif callable(fn) and getattr(fn, "__qualname__", "") == getattr(fn, "__name__", None) != "<lambda>":
-        spec = f"{fn.__module__}:{fn.__qualname__}"
-    else:
-        raise ParityError(f"{what} {fn!r} must be a function defined at module top level or a 'module:function' "
-                          "string, so that each engine's process can import it")
-    if not SPEC.match(spec):
-        raise ParityError(f"{what} {spec!r} is not of the form 'module:function'")
-    module = spec.split(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ParityError(f"{what} {spec!r}: module {module!r} cannot be imported; check the name and sys.path")
-    return spec
-
-
-def loss_spec(loss) -> str:
-    """A Keras loss name ('mse', 'huber'...) stays as is; a function of keras.ops becomes 'module:function'."""
-    if isinstance(loss, str) and ":" not in loss:
-        return loss
-    return callable_spec(loss, "loss")
 
 
 def _save_inputs(path: Path, x, y) -> None:
     xs = list(x) if isinstance(x, (list, tuple)) else [x]
     np.savez(path, y=np.asarray(y), n_inputs=len(xs), **{f"x{i}": np.asarray(a) for i, a in enumerate(xs)})
-
-
-def reference_engine(installed: list[str]) -> str:
-    for engine in TRUE_FLOAT64:
-        if engine in installed:
-            return engine
-    raise ParityError(f"a float64 reference needs one of {', '.join(TRUE_FLOAT64)} installed")
 
 
 def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol: float = tolerances.PARITY_RTOL,
@@ -114,10 +71,7 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
 
 
 def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
-    wanted = list(engines or installed_engines())
-    unknown = [e for e in wanted if e not in ENGINES]
-    if unknown:
-        raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    wanted = check_engines(engines or installed_engines())
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
@@ -139,7 +93,7 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
                           + "; ".join(f"{e}: {pool.failed.get(e, 'not in the worker pool')}" for e in missing))
     _save_inputs(tmp / "inputs.npz", x, y)
     common = {**request, "inputs": str(tmp / "inputs.npz")}
-    _ask(pool, [ref], lambda e: {**common, "describe": str(tmp / "shapes.npz")}, request["build"])
+    ask(pool, [ref], lambda e: {**common, "describe": str(tmp / "shapes.npz")}, request["build"])
     rng = np.random.default_rng(seed)
     with np.load(tmp / "shapes.npz") as z:
         names = [str(n) for n in z["names"]]
@@ -153,8 +107,8 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
     runs = {e: {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-{e}.npz")} for e in wanted}
     runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-f64.npz"),
                        "float64": True}
-    _ask(pool, wanted, runs.get, request["build"])
-    _ask(pool, [ref], lambda e: runs["float64"], request["build"])
+    ask(pool, wanted, runs.get, request["build"])
+    ask(pool, [ref], lambda e: runs["float64"], request["build"])
     if kind == "grads":
         found, reference = {e: _load(tmp / f"grads-{e}.npz") for e in wanted}, _load(tmp / "grads-f64.npz")
     else:
@@ -165,7 +119,7 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
             raise ParityError(f"the model's layers differ between engines ({', '.join(odd)} against the reference "
                               f"{ref}): compare their outputs only, or build the same layers on every engine")
         found = {e: values for e, (_, values) in loaded.items()}
-    rows = _mismatches(names, found, reference, rtol, atol)
+    rows = mismatches(names, found, reference, rtol, atol)
     if rows:
         raise AssertionError(_table(request, ref, rows, rtol, atol, kind, names))
     return found if kind == "grads" else {e: dict(zip(names, v)) for e, v in found.items()}
@@ -184,13 +138,6 @@ def _own_weights(weights, names: list[str], shapes: list[tuple[int, ...]]) -> li
     return weights
 
 
-def _ask(pool, engines, request_for, build) -> None:
-    errors = pool.each("parity", request_for, only=engines, fail_engines=False)
-    if errors:
-        raise ParityError(f"the check of {build!r} could not run (the model, the loss or the data): "
-                          + "; ".join(f"{e}: {why}" for e, why in errors.items()))
-
-
 def _load(path: Path) -> list[np.ndarray]:
     with np.load(path) as z:
         return [z[f"g_{i}"] for i in range(len(z.files))]
@@ -200,26 +147,6 @@ def _load_outputs(path: Path) -> tuple[list[str], list[np.ndarray]]:
     with np.load(path) as z:
         names = [str(n) for n in z["names"]]
         return names, [z[f"o_{i}"] for i in range(len(names))]
-
-
-def _mismatches(names, grads, reference, rtol, atol):
-    """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair."""
-    rows = []
-    pairs = [(e, "float64", g, reference) for e, g in grads.items()]
-    engines = list(grads)
-    pairs += [(a, b, grads[a], grads[b]) for i, a in enumerate(engines) for b in engines[i + 1:]]
-    for engine, against, got, want in pairs:
-        for name, g, w in zip(names, got, want, strict=True):
-            w = w.astype(np.float64)
-            allowed = atol + rtol * np.abs(w)
-            # A NaN or an infinity is never within tolerance (NaN compares false, so it must be said).
-            with np.errstate(invalid="ignore", over="ignore"):
-                excess = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w) - allowed, np.inf)
-            if excess.size and excess.max() > 0:
-                i = np.unravel_index(np.argmax(excess), excess.shape)
-                rows.append((name, engine, against, str(tuple(int(k) for k in i)), float(g[i]), float(w[i]),
-                             float(abs(g[i] - w[i])), float(allowed[i])))
-    return rows
 
 
 def _table(request, ref, rows, rtol, atol, kind="grads", names=()) -> str:
@@ -236,6 +163,4 @@ def _table(request, ref, rows, rtol, atol, kind="grads", names=()) -> str:
     cols = ("weight" if kind == "grads" else "layer", "engine", "vs", "worst at", "value", "expected", "|diff|",
             "allowed")
     body = [(n, e, a, i, f"{v:.6e}", f"{w:.6e}", f"{d:.2e}", f"{t:.2e}") for n, e, a, i, v, w, d, t in rows]
-    widths = [max(len(str(r[k])) for r in (cols, *body)) for k in range(len(cols))]
-    line = lambda r: "  ".join(str(c).ljust(wd) for c, wd in zip(r, widths))  # noqa: E731
-    return "\n".join([head, line(cols), *map(line, body)])
+    return "\n".join([head, table(cols, body)])

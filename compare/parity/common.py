@@ -1,0 +1,106 @@
+"""What every parity check shares: naming the user's callables for the workers, the engines, asking the workers,
+and the elementwise comparison with its table."""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+
+from compare.errors import NativeLoopsError
+from keras_side.config import ENGINES
+from keras_side.precision import TRUE_FLOAT64
+
+SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ParityError(NativeLoopsError):
+    """The check could not run (the model cannot be built, no float64 engine...); not a parity failure."""
+
+
+def callable_spec(fn, what: str = "build_model") -> str:
+    """'module:function' for a top-level function or such a string; a clear error for anything else."""
+    if isinstance(fn, str):
+        spec = fn
+    elif callable(fn) and getattr(fn, "__qualname__", "") == getattr(fn, "__name__", None) != "<lambda>":
+        spec = f"{fn.__module__}:{fn.__qualname__}"
+    else:
+        raise ParityError(f"{what} {fn!r} must be a function defined at module top level or a 'module:function' "
+                          "string, so that each engine's process can import it")
+    if not SPEC.match(spec):
+        raise ParityError(f"{what} {spec!r} is not of the form 'module:function'")
+    module = spec.split(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ParityError(f"{what} {spec!r}: module {module!r} cannot be imported; check the name and sys.path")
+    return spec
+
+
+def loss_spec(loss) -> str:
+    """A Keras loss name ('mse', 'huber'...) stays as is; a function of keras.ops becomes 'module:function'."""
+    if isinstance(loss, str) and ":" not in loss:
+        return loss
+    return callable_spec(loss, "loss")
+
+
+def reference_engine(installed: list[str]) -> str:
+    for engine in TRUE_FLOAT64:
+        if engine in installed:
+            return engine
+    raise ParityError(f"a float64 reference needs one of {', '.join(TRUE_FLOAT64)} installed")
+
+
+def ask(pool, engines, request_for, build, cmd: str = "parity", what: str = "the model, the loss or the data"):
+    """Send `cmd` to `engines`; any engine's error (the user's code raised, its worker died or hung) is one
+    ParityError naming the engines and why."""
+    errors = pool.each(cmd, request_for, only=engines, fail_engines=False)
+    if errors:
+        raise ParityError(f"the check of {build!r} could not run ({what}): "
+                          + "; ".join(f"{e}: {why}" for e, why in errors.items()))
+
+
+def check_engines(wanted) -> list[str]:
+    unknown = [e for e in wanted if e not in ENGINES]
+    if unknown:
+        raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    return list(wanted)
+
+
+def worst(got, want, rtol: float, atol: float):
+    """Where `got` is furthest beyond `atol + rtol·|want|` of `want`: (index, value, expected, |diff|, allowed), or
+    None when every element is within. A NaN or an infinity is never within (NaN compares false, so it must be
+    said); nor is a shape that differs."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return (f"shape {got.shape} vs {want.shape}", np.nan, np.nan, np.inf, 0.0)
+    allowed = atol + rtol * np.abs(want)
+    with np.errstate(invalid="ignore", over="ignore"):
+        excess = np.where(np.isfinite(got) & np.isfinite(want), np.abs(got - want) - allowed, np.inf)
+    if not excess.size or excess.max() <= 0:
+        return None
+    i = np.unravel_index(np.argmax(excess), excess.shape)
+    return tuple(int(k) for k in i), float(got[i]), float(want[i]), float(abs(got[i] - want[i])), float(allowed[i])
+
+
+def mismatches(names, grads, reference, rtol, atol):
+    """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair."""
+    rows = []
+    pairs = [(e, "float64", g, reference) for e, g in grads.items()]
+    engines = list(grads)
+    pairs += [(a, b, grads[a], grads[b]) for i, a in enumerate(engines) for b in engines[i + 1:]]
+    for engine, against, got, want in pairs:
+        for name, g, w in zip(names, got, want, strict=True):
+            found = worst(g, w, rtol, atol)
+            if found:
+                rows.append((name, engine, against, *found))
+    return rows
+
+
+def table(cols, rows) -> str:
+    """Rows under their column names, each column as wide as its widest cell."""
+    widths = [max(len(str(r[k])) for r in (cols, *rows)) for k in range(len(cols))]
+    line = lambda r: "  ".join(str(c).ljust(wd) for c, wd in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join(map(line, (cols, *rows)))

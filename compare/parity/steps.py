@@ -1,0 +1,242 @@
+"""Inside an engine's worker: train a model step by step on each requested path (or on your own training step) and
+record every step's weights; probe one step's stages (each layer's output, the loss, the gradient) at given weights.
+
+The referee side is `compare.parity.training`; this module imports Keras, so only a worker imports it.
+"""
+from __future__ import annotations
+
+import inspect
+
+import keras
+import numpy as np
+
+from compare import paths
+from keras_side import fit, models
+from keras_side.config import HarData, Scaling, batch_slices, first, keras_inputs, numpy_orders, take
+from keras_side.determinism import seed_everything
+from keras_side.models import ensure_built
+from keras_side.spec import TrainConfig, keras_optimizer, resolve, training_loss
+
+OWN = "own"  # the path name of the user's own training step
+CONTRACTS = {  # each engine's terms for a user's step: its arguments, and what it is
+    "torch": (("model", "optimizer", "x", "y"), "step(model, optimizer, x, y) -> loss"),
+    "jax": (("model", "optimizer"), "make_step(model, optimizer) -> step(state, x, y) -> (state, loss[, grads])"),
+    "tensorflow": (("model", "optimizer"), "make_step(model, optimizer) -> step(x, y) -> loss or (loss, grads)"),
+}
+
+
+def _inputs(path: str):
+    with np.load(path) as z:
+        xs = tuple(z[f"x{i}"] for i in range(int(z["n_inputs"])))
+        ys = tuple(z[f"y{i}"] for i in range(int(z["n_targets"])))
+    return (xs[0] if len(xs) == 1 else xs), (ys[0] if len(ys) == 1 else ys)
+
+
+def _data(x, y) -> HarData:
+    """x and y as the training split of a HarData, which every path trains on (nothing is validated or scaled)."""
+    identity = Scaling(np.zeros(1), np.ones(1), 0.0, 1.0)
+    return HarData(x_train=x, y_train=y, x_val=x, y_val=y, x_test=x, y_test=y, scaling=identity, features=(),
+                   asset="", source="parity")
+
+
+def _fresh(build, x, seed: int) -> keras.Model:
+    keras.backend.clear_session()  # a long-lived worker: restart Keras's layer names, so weight paths read the same
+    seed_everything(seed)
+    return ensure_built(build(), x)
+
+
+def trajectory(request: dict, send) -> dict:
+    """Draw the shared start (`draw`), or train each of `paths` from it and write every step's weights (`out`)."""
+    build, (x, y) = resolve(request["build"]), _inputs(request["inputs"])
+    cfg = TrainConfig(**request["config"])
+    if "draw" in request:  # this engine's seeded initializers give every path on every engine its start
+        model = _fresh(build, x, cfg.seed)
+        np.savez(request["draw"], names=np.array([v.path for v in model.weights]),
+                 trainable=np.array([v.trainable for v in model.weights]), **_named("w", model.get_weights()))
+        return {}
+    with np.load(request["init"]) as z:
+        names, init = [str(n) for n in z["names"]], [z[f"w_{i}"] for i in range(len(z["names"]))]
+    recorded = {}
+    for path in request["paths"]:
+        model = _fresh(build, x, cfg.seed)
+        here = [v.path for v in model.weights]
+        if here != names:
+            raise ValueError(f"the model's weights on {keras.config.backend()} ({', '.join(here)}) are not those of "
+                             f"the engine that drew the start ({', '.join(names)}); build the same layers everywhere")
+        model.set_weights(init)
+        record = Recorder(model, request["steps"])
+        if path == OWN:
+            own_step(request["step"], request.get("optimizer"), model, x, y, cfg, record)
+        else:
+            train_path(path, model, _data(x, y), cfg, record)
+        recorded |= record.arrays(path)
+    np.savez(request["out"], **recorded)
+    return {}
+
+
+class Recorder:
+    """Every step's weights (all of `model.weights`), and the loss and gradients a user's step gives, for the first
+    `steps` steps."""
+
+    def __init__(self, model: keras.Model, steps: int):
+        self.model, self.steps = model, steps
+        self.weights = [[np.array(w)] for w in model.get_weights()]  # step 0: the start
+        self.losses, self.grads = [], []
+
+    def __call__(self, loss=None, grads=None) -> None:
+        if len(self.losses) >= self.steps:
+            return
+        for kept, w in zip(self.weights, self.model.get_weights(), strict=True):
+            kept.append(np.array(w))
+        self.losses.append(np.nan if loss is None else float(keras.ops.convert_to_numpy(loss)))
+        self.grads.append(grads)
+
+    def arrays(self, path: str) -> dict[str, np.ndarray]:
+        if len(self.losses) < self.steps:
+            raise RuntimeError(f"path {path} took {len(self.losses)} steps, {self.steps} were asked for")
+        found = {f"{path}/w_{i}": np.stack(w) for i, w in enumerate(self.weights)}
+        found[f"{path}/loss"] = np.array(self.losses)
+        if all(g is not None for g in self.grads):  # the gradient each step applied, where it can be seen
+            found |= {f"{path}/g_{i}": np.stack([np.asarray(g[i]) for g in self.grads])
+                      for i in range(len(self.grads[0]))}
+        return found
+
+
+def train_path(path: str, model, data: HarData, cfg: TrainConfig, record) -> None:
+    """One of the package's paths: fit, fit with our train_step, the native loop (Keras-exact or stock optimizer)."""
+    engine = keras.config.backend()
+    if path == "fit":
+        fit.train(model, data, cfg, on_step=record)
+    elif path == "train-step":
+        paths.get(f"keras-{engine}-train-step").load().train(model, data, cfg, on_step=record)
+    else:
+        flavour = "engine" if path == "native-engine" else "exact"
+        paths.loop(engine).train(model, data, cfg.replace(flavour=flavour), on_step=record)
+
+
+def batches(x, y, cfg: TrainConfig) -> list[tuple]:
+    """Every step's (x, y) in the shared NumPy order, cut as `fit` cuts it."""
+    n = len(first(y))
+    return [(take(x, order[rows]), take(y, order[rows])) for order in numpy_orders(cfg.seed, n, cfg.epochs)
+            for rows in batch_slices(n, cfg.batch_size)]
+
+
+def own_step(spec: str, optimizer: str | None, model, x, y, cfg: TrainConfig, record) -> None:
+    """Train with the user's step ("module:function"), on this engine's terms (see `compare.parity.training`), with
+    the spec's Keras-exact optimizer or the user's own (`optimizer`, "module:function")."""
+    own, engine = resolve(optimizer) if optimizer else None, keras.config.backend()
+    arguments, contract = CONTRACTS[engine]
+    try:
+        inspect.signature(resolve(spec)).bind(*arguments)
+    except TypeError:
+        raise TypeError(f"{spec} cannot be called as {engine} calls a step: {contract}") from None
+    {"torch": _own_torch, "jax": _own_jax, "tensorflow": _own_tensorflow}[keras.config.backend()](
+        resolve(spec), spec, own, model, batches(x, y, cfg), cfg, record)
+
+
+def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
+    """`step(model, optimizer, x, y) -> loss`, the optimizer Keras-exact for the spec (`native.torch.optim`); it
+    clips inside `optimizer.step()` where the spec clips, as Keras's optimizers do, and its schedule is stepped after
+    each call. `own(params)`: the user's optimizer instead, with no schedule or clip of ours."""
+    import torch
+
+    from native.torch import optim
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler, clip = (own(params), None, None) if own else optim.build(params, cfg.replace(
+        flavour="exact"))
+    if clip:
+        unclipped = optimizer.step
+
+        def clipped(closure=None):
+            clip(params)
+            return unclipped(closure)
+
+        optimizer.step = clipped
+    variables = [v.value for v in model.trainable_weights]
+    device = variables[0].device
+
+    def tensors(a):  # one tensor, or a list for several inputs (as the model takes them)
+        if isinstance(a, tuple):
+            return [torch.as_tensor(p, device=device) for p in a]
+        return torch.as_tensor(a, device=device)
+    for xb, yb in steps:
+        for v in variables:
+            v.grad = None  # what the step leaves in .grad is its gradient, never a stale one
+        loss = step(model, optimizer, tensors(xb), tensors(yb))
+        if scheduler:
+            scheduler.step()
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"{spec} returned {type(loss).__name__}; a torch step returns the batch loss (a scalar "
+                            "tensor)")
+        grads = None if any(v.grad is None for v in variables) else [v.grad.detach().cpu().numpy() for v in variables]
+        record(loss.detach(), grads)
+
+
+def _own_jax(make_step, spec, own, model, steps, cfg, record) -> None:
+    """`make_step(model, optimizer) -> step(state, x, y) -> (state, loss)` or `(state, loss, grads)`, state
+    `(trainable, non_trainable, opt_state)` and the optimizer the spec's Keras-exact optax transform (or `own()`,
+    the user's); jitted here."""
+    import jax
+
+    from native.jax import loop, optim
+
+    optimizer = own() if own else optim.build(cfg.replace(flavour="exact"))
+    step = jax.jit(make_step(model, optimizer))
+    trainable = [v.value for v in model.trainable_variables]
+    state = (trainable, [v.value for v in model.non_trainable_variables], optimizer.init(trainable))
+    for xb, yb in steps:
+        out = step(state, keras_inputs(xb), yb)
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise TypeError(f"{spec}'s step returned {type(out).__name__}; a JAX step returns (state, loss) or "
+                            "(state, loss, grads), state being (trainable, non_trainable, opt_state)")
+        state = out[0]
+        try:
+            loop.write_back(model, state)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{spec}'s step returned a state that is not (trainable, non_trainable, opt_state) with "
+                            f"one array per variable: {err}") from None
+        record(out[1], [np.asarray(g) for g in out[2]] if len(out) == 3 else None)
+
+
+def _own_tensorflow(make_step, spec, own, model, steps, cfg, record) -> None:
+    """`make_step(model, optimizer) -> step(x, y) -> loss` or `(loss, grads)`, the optimizer the spec's Keras
+    optimizer (or `own()`, the user's), built; a plain Python step is wrapped in `tf.function` here."""
+    import tensorflow as tf
+
+    optimizer = own() if own else keras_optimizer(cfg)
+    optimizer.build(model.trainable_variables)
+    step = make_step(model, optimizer)
+    step = step if hasattr(step, "get_concrete_function") else tf.function(step)
+    for xb, yb in steps:
+        out = step(tf.nest.map_structure(tf.constant, keras_inputs(xb)), tf.constant(yb))
+        loss, grads = out if isinstance(out, tuple) else (out, None)
+        record(loss, None if grads is None else [tf.convert_to_tensor(g).numpy() for g in grads])
+
+
+def probe(request: dict, send) -> dict:
+    """At the given weights, on one batch: every layer's output, the training objective (the spec's loss plus
+    `model.losses`) and its gradient, all with `training=True`, as the step computes them."""
+    build, (x, y) = resolve(request["build"]), _inputs(request["inputs"])
+    cfg = TrainConfig(**request["config"])
+    rows = np.asarray(request["rows"])
+    xb, yb = take(x, rows), take(y, rows)
+    model = _fresh(build, xb, cfg.seed)
+    with np.load(request["weights"]) as z:
+        weights = [z[f"w_{i}"] for i in range(len(z.files))]
+    model.set_weights(weights)  # before each stage: a random layer's seed state must start where the step did
+    outputs = models.layer_outputs(model, xb, training=True)
+    loss_fn = training_loss(cfg)
+    model.set_weights(weights)
+    value = loss_fn(keras_inputs(yb), model(keras_inputs(xb), training=True))
+    value = float(keras.ops.convert_to_numpy(value + sum(model.losses) if model.losses else value))
+    model.set_weights(weights)
+    grads = paths.loop(keras.config.backend()).grad_at(model, xb, keras_inputs(yb), loss=loss_fn, training=True)
+    np.savez(request["out"], names=np.array(list(outputs)), loss=value, **_named("o", outputs.values()),
+             **_named("g", grads))
+    return {}
+
+
+def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
+    return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
+

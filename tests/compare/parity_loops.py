@@ -1,0 +1,103 @@
+"""Users' own training steps for the loop-parity tests: one per engine that equals `fit`, and planted faults. Each
+engine's worker imports this module, so engine imports stay inside the functions."""
+
+
+def torch_step(model, optimizer, x, y):
+    """The step of a torch codebase: forward, MSE plus the model's own losses, backward, step."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y)
+    if model.losses:
+        loss = loss + sum(model.losses)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def torch_step_without_model_losses(model, optimizer, x, y):
+    """Planted fault: the regularizers' penalty (`model.losses`) is left out of the loss."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def torch_adam(params):
+    """Planted fault, as a user's optimizer: torch's stock Adam with the spec's numbers; its epsilon is added after
+    the bias correction, where Keras adds it before."""
+    import torch
+
+    return torch.optim.Adam(params, lr=0.01, eps=1e-3)
+
+
+def jax_step(model, optimizer):
+    """The step of a JAX codebase: value_and_grad over stateless_call, optax, the new non-trainable state kept."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def loss_fn(trainable, non_trainable, x, y):
+        y_pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, x, training=True,
+                                                             return_losses=True)
+        return jnp.mean(jnp.square(y_pred - y)) + sum(losses), non_trainable
+
+    def step(state, x, y):
+        trainable, non_trainable, opt_state = state
+        (loss, non_trainable), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, non_trainable, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss, grads
+
+    return step
+
+
+def jax_step_dropping_state(model, optimizer):
+    """Planted fault: the non-trainable state stateless_call returns (BatchNorm's moving statistics) is dropped."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def loss_fn(trainable, non_trainable, x, y):
+        y_pred, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+        return jnp.mean(jnp.square(y_pred - y))
+
+    def step(state, x, y):
+        trainable, non_trainable, opt_state = state
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, non_trainable, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss
+
+    return step
+
+
+def optax_adam():
+    """Planted fault, as a user's optimizer: optax's stock Adam with the spec's numbers (epsilon after the bias
+    correction, where Keras adds it before)."""
+    import optax
+
+    return optax.adam(0.01, eps=1e-3)
+
+
+def tensorflow_step(model, optimizer):
+    """The step of a TensorFlow codebase: GradientTape, the Keras optimizer's apply, the gradients returned."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss, grads
+
+    return step
+
+
+def not_a_step(model, optimizer, x, y):
+    return "nothing"
+

@@ -1,0 +1,153 @@
+"""Training parity through the `training_parity` and `loop_parity` fixtures: every path and engine step for step
+(the zoo's models pass), users' own steps against `fit`, and one planted fault per stage, each traced to its stage
+and weight by the report."""
+import numpy as np
+import pytest
+
+from compare import data as har_data
+from compare.parity import ParityError
+from keras_side.backend import installed_engines
+from keras_side.config import first, take
+from keras_side.zoo import ZOO
+from tests.compare import parity_loops, parity_models
+
+RNG = np.random.default_rng(0)
+X, Y = RNG.normal(size=(64, 3)).astype(np.float32), RNG.normal(size=(64, 1)).astype(np.float32)
+FAST = {"epochs": 2, "batch_size": 16}  # 8 steps, 4 per epoch
+SGD = {"optimizer": "sgd", "learning_rate": 0.05}  # the step is the gradient: a gradient's scale shows (Adam's hides)
+WIDE_EPSILON = {"epsilon": 1e-3}  # where the epsilon conventions part visibly (at 1e-7 they differ by ~1e-8 a step)
+
+
+def failure(check, *args, **kwargs) -> dict:
+    """The report of a check that must fail, as {line label: text}, with its table's rows."""
+    with pytest.raises(AssertionError) as err:
+        check(*args, **kwargs)
+    lines = str(err.value).splitlines()
+    head = {key: line for line in lines for key in ("first stage", "likely cause", "stages") if line.startswith(key)}
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("stage "))) + 1:]
+    return {**head, "parts": lines[1], "rows": [r.split() for r in table if not r.startswith(("allowed", "also"))]}
+
+
+def test_every_path_on_every_engine_steps_alike(training_parity):
+    found = training_parity(parity_models.har, X, Y, **FAST)
+    engines = installed_engines()
+    assert set(found) == {f"{e}/{p}" for e in engines for p in ("fit", "train-step", "native")}
+    kernel = found["torch/fit"]["har/har/kernel"]
+    assert kernel.shape == (9, 3, 1)  # the start and 8 steps
+    assert np.all(np.abs(np.diff(kernel, axis=0)).max(axis=(1, 2)) > 0)  # every step is recorded, not every epoch
+    assert all(np.array_equal(t["har/har/kernel"][0], kernel[0]) for t in found.values())  # one start
+
+
+# har_recent is the har with sample weights, which training parity does not take: har covers the model.
+ZOO_MODELS = [m for m in ZOO if m != "har_recent"]
+
+
+@pytest.mark.parametrize("name", ZOO_MODELS)
+def test_the_zoos_models_train_alike(training_parity, panel, name):
+    """The true negative: every zoo model, every path, three steps (the last one short). A model that draws random
+    numbers (Dropout) is compared within each engine, which draws its own masks."""
+    entry = ZOO[name]
+    prepared = har_data.prepare_kind(panel, entry.data)
+    rows = slice(0, 80)
+    x, y = take(prepared.x_train, rows), take(prepared.y_train, rows)
+    x, y = (list(x) if isinstance(x, tuple) else x), (list(y) if isinstance(y, tuple) else y)
+    for engines in [[e] for e in installed_engines()] if entry.draws else [installed_engines()]:
+        found = training_parity(entry.build, x, y, spec=entry.spec, epochs=1, batch_size=32, engines=engines)
+        assert all(len(first(list(t.values()))) == 4 for t in found.values())
+
+
+def test_a_layer_whose_torch_forward_is_skewed_is_named(training_parity):
+    report = failure(training_parity, parity_models.skewed_middle, X, Y, **FAST)
+    assert report["first stage"] == ("first stage that differs: forward, at 'skew' (from the weights torch/fit held "
+                                     "after step 1, on that step's batch)")
+    assert report["parts"].startswith("jax/fit parts from torch/fit at step 2 of 8")
+    assert [r[:2] for r in report["rows"]] == [["forward", "skew"], ["forward", "last"]]
+
+
+def test_a_custom_gradient_that_differs_is_named(training_parity):
+    report = failure(training_parity, parity_models.gradient_skewed, X, Y, spec=SGD, **FAST)
+    assert report["stages"] == "stages: forward equal · loss equal · gradient DIFFERS"
+    assert report["first stage"].startswith("first stage that differs: gradient, at 'sequential/odd_gradient/kernel'")
+    # backward from there, the first layer's gradients differ too: they are listed after it
+    assert [r[1] for r in report["rows"]][1:] == ["sequential/first/bias", "sequential/first/kernel"]
+
+
+def test_adams_scale_invariance_hides_a_scaled_gradient(training_parity):
+    """The same planted gradient under Adam: m/sqrt(v) does not change when every gradient is 1.01 times larger, so
+    the weights stay within tolerance. What training parity can see depends on the optimizer."""
+    training_parity(parity_models.gradient_skewed, X, Y, steps=4, batch_size=16)
+
+
+def test_the_engines_stock_optimizer_is_named_as_an_update(training_parity):
+    report = failure(training_parity, parity_models.har, X, Y, spec=WIDE_EPSILON, paths=["fit", "native-engine"],
+                     engines=["torch", "jax"], **FAST)
+    assert report["parts"].startswith("torch/native-engine parts from torch/fit at step 1 of 8")
+    assert report["stages"] == ("stages: forward not compared (one engine) · loss not compared (one engine) · "
+                                "gradient not compared (one engine) · update DIFFERS")
+    assert "optimizer convention" in report["likely cause"]
+
+
+def test_rounding_noise_on_a_zero_gradient_is_told_from_a_convention(training_parity):
+    """A Dense bias before BatchNorm has a gradient of zero in exact arithmetic: each engine's rounding noise, which
+    Adam divides by its own size into full steps. The report says so rather than blaming the optimizer."""
+    report = failure(training_parity, parity_models.batchnorm_with_bias, X, Y, **FAST)
+    assert report["stages"].endswith("update DIFFERS") and {r[1] for r in report["rows"]} == {"sequential/first/bias"}
+    assert "where the gradient is ~0" in report["likely cause"]
+
+
+@pytest.mark.parametrize("engine, step, build", [
+    ("torch", parity_loops.torch_step, parity_models.regularized),
+    ("jax", parity_loops.jax_step, parity_models.batchnorm_model),
+    ("tensorflow", parity_loops.tensorflow_step, parity_models.regularized),
+])
+def test_your_own_step_that_is_fit_passes(loop_parity, engine, step, build):
+    found = loop_parity(build, step, X, Y, engine=engine, **FAST)
+    assert set(found) == {f"{engine}/fit", f"{engine}/own"}
+
+
+def test_a_loss_without_model_losses_is_named(loop_parity):
+    report = failure(loop_parity, parity_models.regularized, parity_loops.torch_step_without_model_losses, X, Y,
+                     engine="torch", **FAST)
+    assert report["first stage"].startswith("first stage that differs: loss, at \"torch/own's loss\"")
+    assert "model.losses" in report["likely cause"]
+
+
+@pytest.mark.parametrize("engine, step, optimizer", [
+    ("torch", parity_loops.torch_step, parity_loops.torch_adam),
+    ("jax", parity_loops.jax_step, parity_loops.optax_adam),
+])
+def test_another_epsilon_convention_is_named_as_the_update(loop_parity, engine, step, optimizer):
+    report = failure(loop_parity, parity_models.har, step, X, Y, engine=engine, optimizer=optimizer,
+                     spec=WIDE_EPSILON, **FAST)
+    assert report["stages"] == ("stages: forward not compared (one engine) · loss equal · gradient equal · "
+                                "update DIFFERS")
+    assert {r[1] for r in report["rows"]} == {"har/har/kernel", "har/har/bias"}
+
+
+def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
+    report = failure(loop_parity, parity_models.batchnorm_model, parity_loops.jax_step_dropping_state, X, Y,
+                     engine="jax", **FAST)
+    assert report["stages"].endswith("gradient not observable (return the gradients from your step to compare them) "
+                                     "· update equal · state DIFFERS")
+    assert {r[1] for r in report["rows"]} == {"sequential/bn/moving_mean", "sequential/bn/moving_variance"}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t, lp: t(parity_models.har, X, Y, paths=["fit", "native-eager"]), "paths must be distinct names among"),
+    (lambda t, lp: t(parity_models.har, X, Y, steps=2, epochs=1), "give steps or epochs, not both"),
+    (lambda t, lp: t(parity_models.har, X, Y, steps=0), "steps must be a whole number >= 1"),
+    (lambda t, lp: t(parity_models.har, X, Y[:10]), "x and y must have the same number of rows"),
+    (lambda t, lp: t(parity_models.har, X, Y, spec={"optimiser": "sgd"}), "spec: .*unexpected keyword"),
+    (lambda t, lp: t(parity_models.har, X, Y, spec={"optimizer": "lion"}), "spec: unknown optimizer 'lion'"),
+    (lambda t, lp: t(parity_models.har, X, Y, paths=["fit", "native-engine"]), "tensorflow has no optimizers but"),
+    (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine=["torch"]), "engine must name the"),
+    (lambda t, lp: lp(parity_models.har, "no_such_module:step", X, Y, engine="torch"), "train_step .*cannot be"),
+    (lambda t, lp: lp(parity_models.har, parity_loops.not_a_step, X, Y, engine="torch"),
+     "could not run .*returned str; a torch step returns the batch loss"),
+    (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine="jax"),
+     "could not run .*jax: TypeError: tests.compare.parity_loops:torch_step cannot be called as jax calls a step: "
+     "make_step\\(model, optimizer\\)"),
+])
+def test_bad_arguments_are_one_clear_error(training_parity, loop_parity, call, message):
+    with pytest.raises(ParityError, match=message):
+        call(training_parity, loop_parity)
