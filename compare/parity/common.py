@@ -11,6 +11,7 @@ from compare.errors import NativeLoopsError
 from keras_side.config import ENGINES
 from keras_side.precision import TRUE_FLOAT64
 
+OWN = "own"  # the path name of a user's own training step (`assert_loop_matches_fit`)
 SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 

@@ -75,7 +75,11 @@ def training_parity(request, grad_parity_pool):
 def loop_parity(grad_parity_pool):
     """`loop_parity(build_model, train_step, x, y, engine=..., spec=..., steps=... or epochs=...)`: see
     `compare.parity.assert_loop_matches_fit`."""
-    return lambda *args, **kwargs: parity.assert_loop_matches_fit(*args, pool=grad_parity_pool(), **kwargs)
+    def check(*args, **kwargs):
+        __tracebackhide__ = True
+        return parity.assert_loop_matches_fit(*args, pool=grad_parity_pool(), **kwargs)
+
+    return check
 
 
 def _engines(request) -> list[str] | None:
@@ -95,5 +99,6 @@ def _forward(get_pool, default_engines, build_model, x, **kwargs):
 
 
 def _training(get_pool, default_engines, build_model, x, y, **kwargs):
+    __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)
     return parity.assert_training_matches(build_model, x, y, pool=get_pool(), **kwargs)

@@ -6,18 +6,19 @@ The referee side is `compare.parity.training`; this module imports Keras, so onl
 from __future__ import annotations
 
 import inspect
+import time
 
 import keras
 import numpy as np
 
 from compare import paths
+from compare.parity.common import OWN
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling, batch_slices, first, keras_inputs, numpy_orders, take
 from keras_side.determinism import seed_everything
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, keras_optimizer, resolve, training_loss
 
-OWN = "own"  # the path name of the user's own training step
 CONTRACTS = {  # each engine's terms for a user's step: its arguments, and what it is
     "torch": (("model", "optimizer", "x", "y"), "step(model, optimizer, x, y) -> loss"),
     "jax": (("model", "optimizer"), "make_step(model, optimizer) -> step(state, x, y) -> (state, loss[, grads])"),
@@ -45,56 +46,80 @@ def _fresh(build, x, seed: int) -> keras.Model:
     return ensure_built(build(), x)
 
 
+def state(model: keras.Model) -> list[np.ndarray]:
+    """Every variable of the model (`model.variables`: the weights, and a random layer's seed state), as NumPy."""
+    return [np.array(keras.ops.convert_to_numpy(v.value)) for v in model.variables]
+
+
+def set_state(model: keras.Model, values) -> None:
+    for variable, value in zip(model.variables, values, strict=True):
+        variable.assign(value)
+
+
 def trajectory(request: dict, send) -> dict:
-    """Draw the shared start (`draw`), or train each of `paths` from it and write every step's weights (`out`)."""
+    """Draw the shared start (`draw`), or train each of `paths` from it and write every step's variables (`out`)."""
     build, (x, y) = resolve(request["build"]), _inputs(request["inputs"])
     cfg = TrainConfig(**request["config"])
     if "draw" in request:  # this engine's seeded initializers give every path on every engine its start
         model = _fresh(build, x, cfg.seed)
-        np.savez(request["draw"], names=np.array([v.path for v in model.weights]),
-                 trainable=np.array([v.trainable for v in model.weights]), **_named("w", model.get_weights()))
+        np.savez(request["draw"], names=np.array([v.path for v in model.variables]),
+                 trainable=np.array([v.trainable for v in model.variables]), **_named("w", state(model)))
         return {}
     with np.load(request["init"]) as z:
         names, init = [str(n) for n in z["names"]], [z[f"w_{i}"] for i in range(len(z["names"]))]
     recorded = {}
     for path in request["paths"]:
         model = _fresh(build, x, cfg.seed)
-        here = [v.path for v in model.weights]
+        here = [v.path for v in model.variables]
         if here != names:
-            raise ValueError(f"the model's weights on {keras.config.backend()} ({', '.join(here)}) are not those of "
-                             f"the engine that drew the start ({', '.join(names)}); build the same layers everywhere")
-        model.set_weights(init)
-        record = Recorder(model, request["steps"])
-        if path == OWN:
-            own_step(request["step"], request.get("optimizer"), model, x, y, cfg, record)
-        else:
-            train_path(path, model, _data(x, y), cfg, record)
+            at = next((i for i, (h, n) in enumerate(zip(here, names)) if h != n), min(len(here), len(names)))
+            raise ValueError(f"the model's variables on {keras.config.backend()} are not those of the engine that "
+                             f"drew the start ({len(here)} against {len(names)}; the first to differ is number "
+                             f"{at + 1}); build the same layers on every engine")
+        set_state(model, init)
+        record = Recorder(model, request["steps"], lambda: send(event="progress", path=path))
+        try:
+            if path == OWN:
+                own_step(request["step"], request.get("optimizer"), model, x, y, cfg, record)
+            else:
+                train_path(path, model, _data(x, y), cfg, record)
+        except Enough:  # every asked-for step is recorded: the rest of the epoch is not trained
+            pass
         recorded |= record.arrays(path)
     np.savez(request["out"], **recorded)
     return {}
 
 
-class Recorder:
-    """Every step's weights (all of `model.weights`), and the loss and gradients a user's step gives, for the first
-    `steps` steps."""
+class Enough(Exception):
+    """Raised by the recorder after the last step it was asked for, to end the training there."""
 
-    def __init__(self, model: keras.Model, steps: int):
-        self.model, self.steps = model, steps
-        self.weights = [[np.array(w)] for w in model.get_weights()]  # step 0: the start
+
+class Recorder:
+    """Every step's variables (all of `model.variables`), and the loss and gradients a user's step gives, for the
+    first `steps` steps; then it ends the training (`Enough`)."""
+
+    PROGRESS_EVERY_S = 5.0  # a long, healthy run tells the runner it is alive (its quiet limit is for hangs)
+
+    def __init__(self, model: keras.Model, steps: int, alive=lambda: None):
+        self.model, self.steps, self.alive, self.said = model, steps, alive, time.monotonic()
+        self.values = [[w] for w in state(model)]  # step 0: the start
         self.losses, self.grads = [], []
 
     def __call__(self, loss=None, grads=None) -> None:
-        if len(self.losses) >= self.steps:
-            return
-        for kept, w in zip(self.weights, self.model.get_weights(), strict=True):
-            kept.append(np.array(w))
+        for kept, w in zip(self.values, state(self.model), strict=True):
+            kept.append(w)
         self.losses.append(np.nan if loss is None else float(keras.ops.convert_to_numpy(loss)))
         self.grads.append(grads)
+        if time.monotonic() - self.said > self.PROGRESS_EVERY_S:
+            self.alive()
+            self.said = time.monotonic()
+        if len(self.losses) == self.steps:
+            raise Enough
 
     def arrays(self, path: str) -> dict[str, np.ndarray]:
         if len(self.losses) < self.steps:
             raise RuntimeError(f"path {path} took {len(self.losses)} steps, {self.steps} were asked for")
-        found = {f"{path}/w_{i}": np.stack(w) for i, w in enumerate(self.weights)}
+        found = {f"{path}/w_{i}": np.stack(w) for i, w in enumerate(self.values)}
         found[f"{path}/loss"] = np.array(self.losses)
         if all(g is not None for g in self.grads):  # the gradient each step applied, where it can be seen
             found |= {f"{path}/g_{i}": np.stack([np.asarray(g[i]) for g in self.grads])
@@ -114,24 +139,32 @@ def train_path(path: str, model, data: HarData, cfg: TrainConfig, record) -> Non
         paths.loop(engine).train(model, data, cfg.replace(flavour=flavour), on_step=record)
 
 
-def batches(x, y, cfg: TrainConfig) -> list[tuple]:
-    """Every step's (x, y) in the shared NumPy order, cut as `fit` cuts it."""
+def batches(x, y, cfg: TrainConfig):
+    """Every step's (x, y) in the shared NumPy order, cut as `fit` cuts it, one at a time."""
     n = len(first(y))
-    return [(take(x, order[rows]), take(y, order[rows])) for order in numpy_orders(cfg.seed, n, cfg.epochs)
-            for rows in batch_slices(n, cfg.batch_size)]
+    for order in numpy_orders(cfg.seed, n, cfg.epochs):
+        for rows in batch_slices(n, cfg.batch_size):
+            yield take(x, order[rows]), take(y, order[rows])
 
 
 def own_step(spec: str, optimizer: str | None, model, x, y, cfg: TrainConfig, record) -> None:
     """Train with the user's step ("module:function"), on this engine's terms (see `compare.parity.training`), with
     the spec's Keras-exact optimizer or the user's own (`optimizer`, "module:function")."""
-    own, engine = resolve(optimizer) if optimizer else None, keras.config.backend()
+    own, engine, step = resolve(optimizer) if optimizer else None, keras.config.backend(), resolve(spec)
     arguments, contract = CONTRACTS[engine]
     try:
-        inspect.signature(resolve(spec)).bind(*arguments)
+        inspect.signature(step).bind(*arguments)
     except TypeError:
         raise TypeError(f"{spec} cannot be called as {engine} calls a step: {contract}") from None
-    {"torch": _own_torch, "jax": _own_jax, "tensorflow": _own_tensorflow}[keras.config.backend()](
-        resolve(spec), spec, own, model, batches(x, y, cfg), cfg, record)
+
+    def checked(loss, grads=None):
+        if grads is not None and len(grads) != len(model.trainable_variables):
+            raise TypeError(f"{spec} gave {len(grads)} gradients for {len(model.trainable_variables)} trainable "
+                            "variables; give one per variable, in model.trainable_variables order")
+        record(loss, grads)
+
+    {"torch": _own_torch, "jax": _own_jax, "tensorflow": _own_tensorflow}[engine](
+        step, spec, own, model, batches(x, y, cfg), cfg, checked)
 
 
 def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
@@ -145,32 +178,34 @@ def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = (own(params), None, None) if own else optim.build(params, cfg.replace(
         flavour="exact"))
-    if clip:
-        unclipped = optimizer.step
-
-        def clipped(closure=None):
-            clip(params)
-            return unclipped(closure)
-
-        optimizer.step = clipped
     variables = [v.value for v in model.trainable_weights]
+    seen = {}  # the gradients the step computed, read before anything changes them
+
+    def before_step():
+        seen["grads"] = None if any(v.grad is None for v in variables) else [
+            v.grad.detach().cpu().numpy().copy() for v in variables]
+        if clip:
+            clip(params)  # where Keras clips: inside the optimizer, after the gradients are taken
+
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: before_step())
     device = variables[0].device
 
     def tensors(a):  # one tensor, or a list for several inputs (as the model takes them)
         if isinstance(a, tuple):
             return [torch.as_tensor(p, device=device) for p in a]
         return torch.as_tensor(a, device=device)
+
     for xb, yb in steps:
         for v in variables:
-            v.grad = None  # what the step leaves in .grad is its gradient, never a stale one
+            v.grad = None  # what the step computes is its gradient, never a stale one
+        seen["grads"] = None
         loss = step(model, optimizer, tensors(xb), tensors(yb))
         if scheduler:
             scheduler.step()
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(f"{spec} returned {type(loss).__name__}; a torch step returns the batch loss (a scalar "
                             "tensor)")
-        grads = None if any(v.grad is None for v in variables) else [v.grad.detach().cpu().numpy() for v in variables]
-        record(loss.detach(), grads)
+        record(loss.detach(), seen["grads"])
 
 
 def _own_jax(make_step, spec, own, model, steps, cfg, record) -> None:
@@ -209,7 +244,8 @@ def _own_tensorflow(make_step, spec, own, model, steps, cfg, record) -> None:
     step = make_step(model, optimizer)
     step = step if hasattr(step, "get_concrete_function") else tf.function(step)
     for xb, yb in steps:
-        out = step(tf.nest.map_structure(tf.constant, keras_inputs(xb)), tf.constant(yb))
+        out = step(tf.nest.map_structure(tf.constant, keras_inputs(xb)), tf.nest.map_structure(tf.constant,
+                                                                                               keras_inputs(yb)))
         loss, grads = out if isinstance(out, tuple) else (out, None)
         record(loss, None if grads is None else [tf.convert_to_tensor(g).numpy() for g in grads])
 
@@ -223,15 +259,15 @@ def probe(request: dict, send) -> dict:
     xb, yb = take(x, rows), take(y, rows)
     model = _fresh(build, xb, cfg.seed)
     with np.load(request["weights"]) as z:
-        weights = [z[f"w_{i}"] for i in range(len(z.files))]
-    model.set_weights(weights)  # before each stage: a random layer's seed state must start where the step did
+        values = [z[f"w_{i}"] for i in range(len(z.files))]
+    set_state(model, values)  # before each stage: a random layer's seed state starts where the step's did
     outputs = models.layer_outputs(model, xb, training=True)
     loss_fn = training_loss(cfg)
-    model.set_weights(weights)
+    set_state(model, values)
     value = loss_fn(keras_inputs(yb), model(keras_inputs(xb), training=True))
     value = float(keras.ops.convert_to_numpy(value + sum(model.losses) if model.losses else value))
-    model.set_weights(weights)
-    grads = paths.loop(keras.config.backend()).grad_at(model, xb, keras_inputs(yb), loss=loss_fn, training=True)
+    set_state(model, values)
+    grads = paths.loop(keras.config.backend()).grad_at(model, xb, yb, loss=loss_fn, training=True)
     np.savez(request["out"], names=np.array(list(outputs)), loss=value, **_named("o", outputs.values()),
              **_named("g", grads))
     return {}

@@ -23,17 +23,16 @@ from pathlib import Path
 import numpy as np
 
 from compare import runner, tolerances
-from compare.parity.common import ParityError, ask, callable_spec, check_engines, table, worst
+from compare.parity.common import OWN, ParityError, ask, callable_spec, check_engines, table, worst
 from keras_side.backend import installed_engines
 from keras_side.config import batch_slices, numpy_orders
 from keras_side.spec import SpecError, TrainConfig
 
 PATHS = ("fit", "train-step", "native", "native-engine")  # the three levels of unpacking, and the stock optimizer
 DEFAULT_PATHS = ("fit", "train-step", "native")
-OWN = "own"  # the user's own step, in `assert_loop_matches_fit`
-# The most values (weights × recorded steps) one path may send back: 80 MB of float32. More is a ParityError that
-# asks for fewer steps, never a worker that runs out of memory.
-MAX_VALUES = 20_000_000
+# The most values (weights × recorded steps × paths) one check may record: 240 MB of float32. More is a ParityError
+# that asks for fewer steps, never a worker that runs out of memory.
+MAX_VALUES = 60_000_000
 STAGES = ("forward", "loss", "gradient", "update", "state")
 CAUSES = {
     "forward": "the layer computes differently on this engine: engine-specific code in it (keras.config.backend(), "
@@ -46,10 +45,13 @@ CAUSES = {
     "update": "equal gradients, another update: an optimizer convention (Adam's epsilon inside or outside the bias "
               "correction, the momentum form, where the clip applies, a schedule's step count) or another "
               "hyperparameter; native.<engine>.optim has Keras's rule in each engine's optimizer API",
-    "noise": "equal gradients, another update where the gradient is ~0 (|gradient| <= atol at every differing "
-             "element): rounding below tolerance that the optimizer scales up (Adam divides by sqrt(v), so a zero "
-             "gradient's noise takes full steps); a weight whose exact gradient is zero, like a bias before "
+    "noise": "equal gradients, another update where the gradient is ~0 (|gradient| <= atol where each weight's "
+             "update differs most): rounding below tolerance that the optimizer scales up (Adam divides by "
+             "sqrt(v), so a zero gradient's noise takes full steps); a weight whose exact gradient is zero, like a bias before "
              "BatchNorm, is noise on every engine: drop it (use_bias=False) or compare within one engine",
+    "unseen": "another update, from gradients that could not be compared here (both paths take fit's objective "
+              "on one engine): an optimizer convention (Adam's epsilon, the momentum form, where the clip applies, a "
+              "schedule's step count), or the loss or gradient of one path",
     "state": "equal updates of the trainable weights, another non-trainable state: BatchNorm's moving statistics or "
              "a random layer's seed state not threaded through the step (JAX: keep the non_trainable that "
              "stateless_call returns), or the model called with training=False",
@@ -95,6 +97,7 @@ def assert_training_matches(build_model, x, y, *, spec=None, steps: int | None =
         AssertionError: the first divergence, traced to its stage (see the module's docstring).
         ParityError: the comparison could not run.
     """
+    __tracebackhide__ = True
     wanted = check_engines(engines or installed_engines())
     paths = _check_paths(paths, wanted)
     return _check(callable_spec(build_model), None, x, y, {e: list(paths) for e in wanted}, spec, steps, epochs,
@@ -124,6 +127,7 @@ def assert_loop_matches_fit(build_model, train_step, x, y, *, engine: str, spec=
     returning a Keras optimizer; the spec still says what `fit` uses. Other arguments are those of
     `assert_training_matches`.
     """
+    __tracebackhide__ = True
     if not isinstance(engine, str):
         raise ParityError(f"engine must name the one engine your step is written for, got {engine!r}")
     check_engines([engine])
@@ -148,6 +152,9 @@ def _config(spec, batch_size, seed) -> TrainConfig:
     """The spec, on the shared NumPy batch order, without validation (nothing to validate on)."""
     try:
         cfg = spec if isinstance(spec, TrainConfig) else TrainConfig(**(spec or {}))
+        if cfg.patience is not None:
+            raise ParityError("spec: patience (early stopping) watches a validation loss, which training parity has "
+                              "no use for; drop it")
         cfg = cfg.replace(batch_order="numpy", validate=False, patience=None, metrics=(),
                           **({} if batch_size is None else {"batch_size": batch_size}),
                           **({} if seed is None else {"seed": seed}))
@@ -155,9 +162,6 @@ def _config(spec, batch_size, seed) -> TrainConfig:
         raise ParityError(f"spec: {err}; give a TrainConfig or a dict of its fields") from None
     except SpecError as err:
         raise ParityError(f"spec: {err}") from None
-    if spec is not None and not isinstance(spec, TrainConfig) and spec.get("patience") is not None:
-        raise ParityError("spec: patience (early stopping) watches a validation loss, which training parity has no "
-                          "use for; drop it")
     return cfg
 
 
@@ -176,6 +180,7 @@ def _length(xs, ys) -> int:
 
 
 def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, atol, pool):
+    __tracebackhide__ = True  # pytest shows the report, not this module's frames
     cfg = _config(spec, batch_size, seed)
     xs, ys = _arrays(x, "x"), _arrays(y, "y")
     n = _length(xs, ys)
@@ -204,9 +209,10 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
             with np.load(tmp / "init.npz") as z:
                 names, trainable = [str(s) for s in z["names"]], [bool(t) for t in z["trainable"]]
                 size = sum(z[f"w_{i}"].size for i in range(len(names)))
-            if size * (total + 1) > MAX_VALUES:
-                raise ParityError(f"{total} steps of {size:,} weights is {size * (total + 1):,} values per path, "
-                                  f"more than {MAX_VALUES:,}: ask for fewer steps")
+            values = size * (total + 1) * sum(map(len, runs.values()))
+            if values > MAX_VALUES:
+                raise ParityError(f"{total} steps of {size:,} weights on {sum(map(len, runs.values()))} paths is "
+                                  f"{values:,} values to record, more than {MAX_VALUES:,}: ask for fewer steps")
             ask(pool, engines, lambda e: {**common, "init": str(tmp / "init.npz"), "paths": runs[e], "steps": total,
                                           **(own or {}), "out": str(tmp / f"trajectory-{e}.npz")},
                 build, "trajectory", "the model, the spec, the data or the step")
@@ -220,6 +226,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
                 report = localize(a, b, k, names, trainable, probes, rtol, atol, total, per_epoch)
                 others = [f"also parting: {q.label} from {p.label} at step {s}" for p, q, s in parted
                           if (p, q) != (a, b)]
+                others += _odd_one_out(found, parted)
                 raise AssertionError("\n".join([f"training parity failed for {build}", report, *others]))
         finally:
             if started:
@@ -245,6 +252,15 @@ def _pairs(runs: list[Run]) -> list[tuple[Run, Run]]:
     first = runs[0]
     return ([(heads[r.engine], r) for r in runs if r is not heads[r.engine]]
             + [(first, head) for head in heads.values() if head is not first])
+
+
+def _odd_one_out(runs: list[Run], parted) -> list[str]:
+    """When every other engine parts from the first engine's path, the first engine is the likely odd one out (the
+    report compares against it only because it comes first)."""
+    first, heads = runs[0], {r.engine for r in runs} - {runs[0].engine}
+    if len(heads) >= 2 and heads == {b.engine for a, b, _ in parted if a is first and b.path == first.path}:
+        return [f"every other engine parts from {first.label}: {first.engine} is the likely odd one out"]
+    return []
 
 
 def first_divergence(a: Run, b: Run, rtol: float, atol: float) -> int | None:
@@ -304,7 +320,11 @@ def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total
             "a larger atol",
             "stages: " + " · ".join(summary), table(cols, rows), _allowed(rtol, atol)])
     stage, rows = found
-    cause = "noise" if stage == "update" and _near_zero(rows, names, trainable, pa["grads"], atol) else stage
+    cause = stage
+    if stage == "update" and _near_zero(rows, names, trainable, pa["grads"], atol):
+        cause = "noise"
+    elif stage == "update" and not summary[2].startswith("gradient equal"):
+        cause = "unseen"
     return "\n".join(head + [
         f"first stage that differs: {stage}, at {rows[0][1]!r} (from the weights {a.label} held after step {k - 1}, "
         "on that step's batch)",
@@ -337,9 +357,11 @@ def _stage(stage, a: Run, b: Run, k, names, trainable, pa, pb, rtol, atol):
             if run.grads is not None:
                 pairs += [(n, g[k - 1], want) for n, g, want in zip(trained, run.grads, probe["grads"])]
         if not pairs:
-            hidden = OWN in (a.path, b.path) and b.engine != "torch"
-            return [], ("not observable (return the gradients from your step to compare them)" if hidden
-                        else "not compared (one engine)")
+            if OWN in (a.path, b.path) and b.engine == "torch":
+                return [], "not observable (your step left no .grad when it called optimizer.step())"
+            if OWN in (a.path, b.path):
+                return [], "not observable (return the gradients from your step to compare them)"
+            return [], "not compared (one engine)"
     elif stage == "update":
         pairs = [(n, wb[k] - wb[k - 1], wa[k] - wa[k - 1])
                  for n, wa, wb, t in zip(names, a.weights, b.weights, trainable) if t]

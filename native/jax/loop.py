@@ -231,7 +231,8 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]
-    x, y = jax.tree.map(jnp.asarray, x), jnp.asarray(y)
+    x, y = jax.tree.map(jnp.asarray, (x, y))
+    y = keras_inputs(y)  # several targets: a tuple of arrays, one per output
 
     def batch_loss(trainable):
         pred, _, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training,

@@ -119,7 +119,7 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
     ensure_built(model, x)
     with tf.GradientTape() as tape:
-        value = tf.reduce_mean(loss(y, _forward(model, x, training=training)))
+        value = tf.reduce_mean(loss(keras_inputs(y), _forward(model, x, training=training)))
         value = value + tf.add_n(model.losses) if model.losses else value
     # An embedding's gradient is sparse (IndexedSlices): densify it for a plain array.
     return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, model.trainable_variables)]

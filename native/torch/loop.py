@@ -172,7 +172,7 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
     ensure_built(model, x)
     device = next(model.parameters()).device
-    y = torch.as_tensor(y, device=device)
+    y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
     value = torch.mean(loss(y, _forward(model, _tensors(x, device), training=training)))  # per-sample losses too
     value = value + sum(model.losses) if model.losses else value
     grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])

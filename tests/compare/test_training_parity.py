@@ -25,7 +25,8 @@ def failure(check, *args, **kwargs) -> dict:
     lines = str(err.value).splitlines()
     head = {key: line for line in lines for key in ("first stage", "likely cause", "stages") if line.startswith(key)}
     table = lines[lines.index(next(ln for ln in lines if ln.startswith("stage "))) + 1:]
-    return {**head, "parts": lines[1], "rows": [r.split() for r in table if not r.startswith(("allowed", "also"))]}
+    rows = [r.split() for r in table if not r.startswith(("allowed", "also", "every other"))]
+    return {**head, "parts": lines[1], "rows": rows, "odd": [ln for ln in lines if ln.startswith("every other")]}
 
 
 def test_every_path_on_every_engine_steps_alike(training_parity):
@@ -62,6 +63,7 @@ def test_a_layer_whose_torch_forward_is_skewed_is_named(training_parity):
                                      "after step 1, on that step's batch)")
     assert report["parts"].startswith("jax/fit parts from torch/fit at step 2 of 8")
     assert [r[:2] for r in report["rows"]] == [["forward", "skew"], ["forward", "last"]]
+    assert report["odd"] == ["every other engine parts from torch/fit: torch is the likely odd one out"]
 
 
 def test_a_custom_gradient_that_differs_is_named(training_parity):
@@ -87,6 +89,16 @@ def test_the_engines_stock_optimizer_is_named_as_an_update(training_parity):
     assert "optimizer convention" in report["likely cause"]
 
 
+def test_a_model_with_two_outputs_is_traced_too(training_parity, panel):
+    """Two targets travel as a list to every stage of the trace (the probe's loss and gradient among them)."""
+    prepared = har_data.prepare_kind(panel, "horizons")
+    x, y = prepared.x_train[:64], [t[:64] for t in prepared.y_train]
+    spec = {**ZOO["two_horizons"].spec, **WIDE_EPSILON}
+    report = failure(training_parity, ZOO["two_horizons"].build, x, y, spec=spec, paths=["fit", "native-engine"],
+                     engines=["jax"], **FAST)
+    assert report["stages"].endswith("update DIFFERS") and report["parts"].startswith("jax/native-engine parts")
+
+
 def test_rounding_noise_on_a_zero_gradient_is_told_from_a_convention(training_parity):
     """A Dense bias before BatchNorm has a gradient of zero in exact arithmetic: each engine's rounding noise, which
     Adam divides by its own size into full steps. The report says so rather than blaming the optimizer."""
@@ -95,13 +107,17 @@ def test_rounding_noise_on_a_zero_gradient_is_told_from_a_convention(training_pa
     assert "where the gradient is ~0" in report["likely cause"]
 
 
-@pytest.mark.parametrize("engine, step, build", [
-    ("torch", parity_loops.torch_step, parity_models.regularized),
-    ("jax", parity_loops.jax_step, parity_models.batchnorm_model),
-    ("tensorflow", parity_loops.tensorflow_step, parity_models.regularized),
+CLIPPED = {"optimizer": "sgd", "learning_rate": 0.05, "clipnorm": 0.1}  # clips every step: gradients here are ~1
+
+
+@pytest.mark.parametrize("engine, step, build, spec", [
+    ("torch", parity_loops.torch_step, parity_models.regularized, None),
+    ("torch", parity_loops.torch_step, parity_models.regularized, CLIPPED),  # the optimizer clips inside step()
+    ("jax", parity_loops.jax_step, parity_models.batchnorm_model, None),
+    ("tensorflow", parity_loops.tensorflow_step, parity_models.regularized, None),
 ])
-def test_your_own_step_that_is_fit_passes(loop_parity, engine, step, build):
-    found = loop_parity(build, step, X, Y, engine=engine, **FAST)
+def test_your_own_step_that_is_fit_passes(loop_parity, engine, step, build, spec):
+    found = loop_parity(build, step, X, Y, engine=engine, spec=spec, **FAST)
     assert set(found) == {f"{engine}/fit", f"{engine}/own"}
 
 
@@ -110,6 +126,21 @@ def test_a_loss_without_model_losses_is_named(loop_parity):
                      engine="torch", **FAST)
     assert report["first stage"].startswith("first stage that differs: loss, at \"torch/own's loss\"")
     assert "model.losses" in report["likely cause"]
+
+
+def test_the_documented_report_is_this_codes(loop_parity):
+    """docs/parity.md reads a report line by line, and the README quotes it: both are what the code prints."""
+    from tests.conftest import REPO
+
+    with pytest.raises(AssertionError) as err:
+        loop_parity(parity_models.har, parity_loops.torch_step, X, Y, engine="torch", optimizer=parity_loops.torch_adam,
+                    spec=WIDE_EPSILON, **FAST)
+    printed = str(err.value)
+    page = (REPO / "docs" / "parity.md").read_text()
+    assert f"```\n{printed}\n```" in page
+    readme = (REPO / "README.md").read_text()
+    quoted = [ln for ln in printed.splitlines() if ln.startswith(("torch/own parts", "first stage", "stages"))]
+    assert "\n".join(quoted) in readme
 
 
 @pytest.mark.parametrize("engine, step, optimizer", [
