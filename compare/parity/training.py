@@ -47,8 +47,8 @@ CAUSES = {
               "hyperparameter; native.<engine>.optim has Keras's rule in each engine's optimizer API",
     "noise": "equal gradients, another update where the gradient is ~0 (|gradient| <= atol where each weight's "
              "update differs most): rounding below tolerance that the optimizer scales up (Adam divides by "
-             "sqrt(v), so a zero gradient's noise takes full steps); a weight whose exact gradient is zero, like a bias before "
-             "BatchNorm, is noise on every engine: drop it (use_bias=False) or compare within one engine",
+             "sqrt(v), so a zero gradient's noise takes full steps); a weight whose exact gradient is zero, like a "
+             "bias before BatchNorm, is noise on every engine: drop it (use_bias=False) or compare within one engine",
     "unseen": "another update, from gradients that could not be compared here (both paths take fit's objective "
               "on one engine): an optimizer convention (Adam's epsilon, the momentum form, where the clip applies, a "
               "schedule's step count), or the loss or gradient of one path",
