@@ -203,7 +203,8 @@ class Pool:
             elif event["event"] == "error":
                 if engine in stopped and self.workers[engine].ready:
                     event["message"] = (f"the {engine} worker sent nothing for {self.quiet_limit:.0f} s and was "
-                                        "stopped; look for a hang in the engine or in your build_model")
+                                        "stopped; look for a hang in the engine or in your code (build_model, "
+                                        "a loss or a training step)")
                 elif engine in stopped:
                     event["message"] = (f"the {engine} worker did not start within {self.startup_limit:.0f} s and "
                                         f"was stopped; check that `import keras` works with KERAS_BACKEND={engine}")

@@ -77,6 +77,7 @@ def trajectory(request: dict, send) -> dict:
                              f"drew the start ({len(here)} against {len(names)}; the first to differ is number "
                              f"{at + 1}); build the same layers on every engine")
         set_state(model, init)
+        send(event="progress", path=path)  # alive: the runner's quiet limit is for hangs, not for long checks
         record = Recorder(model, request["steps"], lambda: send(event="progress", path=path))
         try:
             if path == OWN:
@@ -98,7 +99,7 @@ class Recorder:
     """Every step's variables (all of `model.variables`), and the loss and gradients a user's step gives, for the
     first `steps` steps; then it ends the training (`Enough`)."""
 
-    PROGRESS_EVERY_S = 5.0  # a long, healthy run tells the runner it is alive (its quiet limit is for hangs)
+    PROGRESS_EVERY_S = 1.0  # a long, healthy run tells the runner it is alive (its quiet limit is for hangs)
 
     def __init__(self, model: keras.Model, steps: int, alive=lambda: None):
         self.model, self.steps, self.alive, self.said = model, steps, alive, time.monotonic()

@@ -107,8 +107,9 @@ def write_back(model, state) -> None:
 
 def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None, on_step=None) -> Result:
     """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
-    batches in one compiled `lax.scan`. `on_step()` is called after every optimizer step of the Python loop, with
-    the state written back into the model's variables (the training-parity check reads the weights there)."""
+    batches in one compiled `lax.scan`. `on_step(loss)` is called after every optimizer step of the Python loop
+    with the step's batch loss, the state written back into the model's variables (the training-parity check reads
+    the weights there)."""
     if cfg.patience is not None and driver == "scan":
         raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use driver='loop' "
                         "with patience")
@@ -127,7 +128,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
     if on_step:  # after every step, the state in the model's variables, where the caller reads it
-        run = functools.partial(_loop_driver, after=lambda state: (write_back(model, state), on_step()))
+        run = functools.partial(_loop_driver, after=lambda state, loss: (write_back(model, state), on_step(loss)))
     orders = np.asarray(batch_orders(cfg, data.n_train))
     state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, val, cfg,
                                                   progress)
@@ -176,7 +177,7 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
         for batch in (by_epoch(b, epoch) for b in batches):
             state, loss = step[_rows_in(batch)](state, batch)
             if after:
-                after(state)
+                after(state, loss)
             losses.append(loss)
             sizes.append(_rows_in(batch))
         curves["loss"].append(float(np.average(jax.device_get(losses), weights=sizes)))  # as fit reports it

@@ -71,7 +71,8 @@ def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
 
 def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
-    `on_step()` is called after every optimizer step (the training-parity check reads the weights there)."""
+    `on_step(loss)` is called after every optimizer step with the step's batch loss (the training-parity check reads
+    the weights there)."""
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = keras_optimizer(cfg), training_loss(cfg), EpochMetrics(cfg)
@@ -88,9 +89,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
         for rows in batch_slices(data.n_train, cfg.batch_size):
             idx = order[rows]
             weights = () if data.w_train is None else (tf.gather(data.w_train, idx),)
-            total += step(take_tf(x, idx), take_tf(y, idx), *weights) * tf.cast(tf.size(idx), tf.float32)
+            loss = step(take_tf(x, idx), take_tf(y, idx), *weights)
+            total += loss * tf.cast(tf.size(idx), tf.float32)
             if on_step:
-                on_step()
+                on_step(loss)
         train_loss.append(float(total) / data.n_train)
         metrics.close()
         if cfg.validate:

@@ -88,8 +88,8 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
 
 def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
-    `compile=True` runs the batch loss through `torch.compile`. `on_step()` is called after every optimizer step
-    (the training-parity check reads the weights there)."""
+    `compile=True` runs the batch loss through `torch.compile`. `on_step(loss)` is called after every optimizer step
+    with the step's batch loss (the training-parity check reads the weights there)."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
@@ -136,7 +136,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             if metrics:
                 metrics.update(y_batch, outputs.detach())
             if on_step:
-                on_step()
+                on_step(loss.detach())
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:

@@ -101,3 +101,15 @@ def tensorflow_step(model, optimizer):
 def not_a_step(model, optimizer, x, y):
     return "nothing"
 
+
+def torch_step_that_hangs(model, optimizer, x, y):
+    import threading
+
+    threading.Event().wait()  # forever: only the runner's quiet limit ends it
+
+
+def torch_step_that_dies(model, optimizer, x, y):
+    import os
+
+    os._exit(3)
+

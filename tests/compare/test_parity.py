@@ -87,7 +87,7 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_parity.py"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "4 passed" in proc.stdout
+    assert "5 passed" in proc.stdout
 
 
 def test_the_gradient_is_the_training_objectives(grad_parity):
