@@ -2,8 +2,10 @@
 and the elementwise comparison with its table."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
+import time
 
 import numpy as np
 
@@ -54,13 +56,44 @@ def reference_engine(installed: list[str]) -> str:
     raise ParityError(f"a float64 reference needs one of {', '.join(TRUE_FLOAT64)} installed")
 
 
+_phases: list | None = None  # where `recording()` collects each request's wall time
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (request, engines, seconds) for every request the checks send inside the block (the timing
+    benchmark, `compare.parity.timing`)."""
+    global _phases
+    _phases, outer = [], _phases
+    try:
+        yield _phases
+    finally:
+        _phases = outer
+
+
 def ask(pool, engines, request_for, build, cmd: str = "parity", what: str = "the model, the loss or the data"):
     """Send `cmd` to `engines`; any engine's error (the user's code raised, its worker died or hung) is one
     ParityError naming the engines and why."""
-    errors = pool.each(cmd, request_for, only=engines, fail_engines=False)
+    start, inside = time.perf_counter(), []
+
+    def on_event(engine, event):  # a worker's own timing of a part of the request (a path it trained)
+        if event.get("event") == "timing":
+            inside.append((f"{engine}/{event['part']}", event["seconds"]))
+
+    errors = pool.each(cmd, request_for, on_event, only=engines, fail_engines=False)
+    if _phases is not None:
+        _phases.append((_phase(cmd, request_for(engines[0])), list(engines), time.perf_counter() - start, inside))
     if errors:
         raise ParityError(f"the check of {build!r} could not run ({what}): "
                           + "; ".join(f"{e}: {why}" for e, why in errors.items()))
+
+
+def _phase(cmd: str, request: dict) -> str:
+    """What a request does, in a word: describe, grads, forward, float64, draw, train, probe."""
+    if cmd != "parity":
+        return {"trajectory": "draw" if "draw" in request else "train"}.get(cmd, cmd)
+    kind = next((k for k in ("describe", "grads", "forward") if k in request), "parity")
+    return f"{kind} float64" if request.get("float64") else kind
 
 
 def check_engines(wanted) -> list[str]:

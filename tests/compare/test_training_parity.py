@@ -200,3 +200,15 @@ def test_a_step_that_hangs_or_kills_its_worker_is_reported(tmp_path, step, messa
         with pytest.raises(ParityError, match=message):
             assert_loop_matches_fit(parity_models.har, step, X, Y, engine="torch", pool=pool, **FAST)
         assert pool.workers["torch"].proc.poll() is not None  # stopped, not left running
+
+
+def test_the_timing_benchmark_names_every_check_and_where_its_time_goes():
+    """`python -m compare.parity.timing` prints seconds; a test can only check what it measures, never how fast."""
+    from compare.parity import timing
+
+    rows = timing.measure(["torch"], repeats=1)
+    assert [r["check"] for r in rows] == ["grad_parity", "forward_parity", "training_parity", "loop_parity (torch)"]
+    assert all(r["cold_s"] > 0 and r["warm_s"] > 0 for r in rows)
+    assert set(rows[0]["phases"]) == {"describe (jax)", "grads (torch)", "grads float64 (jax)"}
+    assert set(rows[2]["parts"]) == {"torch/fit", "torch/train-step", "torch/native"}
+    assert timing.table(rows).startswith("check")
