@@ -16,6 +16,7 @@ from compare.errors import NativeLoopsError
 from compare.tolerances import SAME_ARITHMETIC_EPOCHS
 from keras_side.backend import BackendError
 from keras_side.spec import SpecError
+from native.checkpoint import CheckpointError
 from keras_side.config import ENGINES
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
@@ -57,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--path", required=True, help="keras-<engine>, keras-<engine>-train-step, <engine>-native, "
                    "jax-native-scan, torch-native-compile, or torch-native[-compile]-engine (torch's stock Adam), "
                    "e.g. jax-native")
+    p.add_argument("--checkpoint", metavar="DIR", default=None, help="a native loop writes a checkpoint to DIR at the "
+                   "end of every epoch (the Keras weights, the optimizer's state with the engine's own tool)")
+    p.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --checkpoint DIR")
 
     p = sub.add_parser("compare", help="every path on every engine, the parity checks and the report")
     _data_options(p)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
     try:
         return COMMANDS[args.command](args)
-    except (NativeLoopsError, BackendError, SpecError) as err:
+    except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -67,8 +67,18 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
     return TrainConfig(epochs=epochs, seed=check_seed(args.seed))
 
 
+# The paths that write checkpoints: the native loops (fit has its own, keras.callbacks.BackupAndRestore).
+CHECKPOINTED = ("torch-native", "torch-native-compile", "torch-native-engine", "torch-native-compile-engine",
+                "jax-native", "tensorflow-native")
+
+
 def train(args: argparse.Namespace) -> int:
     path, cfg = paths.get(args.path), train_config(args)
+    if args.resume and not args.checkpoint:
+        raise NativeLoopsError("--resume goes on from the checkpoints in --checkpoint DIR; give that folder")
+    if args.checkpoint and path.name not in CHECKPOINTED:
+        raise NativeLoopsError(f"checkpoints are written by the native loops ({', '.join(CHECKPOINTED)}), not "
+                               f"by {path.name}; fit has keras.callbacks.BackupAndRestore")
     panel, source = load(args)
     prepared, fit = prepare_har(args, panel, source)
     use_backend(path.engine)
@@ -77,7 +87,8 @@ def train(args: argparse.Namespace) -> int:
     from keras_side.determinism import seed_everything
 
     seed_everything(cfg.seed)
-    result = path.train(builders.har(), prepared, cfg)
+    saving = {"checkpoint": args.checkpoint, "resume": args.resume} if args.checkpoint else {}
+    result = path.train(builders.har(), prepared, cfg, **saving)
     report.print_paths_table(fit, {result.path: result}, prepared)
     return 0
 

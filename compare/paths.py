@@ -24,8 +24,9 @@ class Path:
         """The module with the verbs; import it only in a process whose backend is `engine`."""
         return importlib.import_module(self.module)
 
-    def train(self, model, data, cfg, *, progress=None):
-        result = self.load().train(model, data, cfg.replace(**self.spec), progress=progress, **self.options)
+    def train(self, model, data, cfg, *, progress=None, **extra):
+        """Train with this path's module; `extra` reaches its `train` (`on_step`, `checkpoint`, `resume`)."""
+        result = self.load().train(model, data, cfg.replace(**self.spec), progress=progress, **self.options, **extra)
         return dataclasses.replace(result, path=self.name)
 
 

@@ -26,6 +26,8 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders
 from keras_side.models import ensure_built
 from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_metrics, training_loss
+from native.checkpoint import Checkpoints
+from native.jax import checkpoint as jax_checkpoint
 from native.jax import optim
 
 
@@ -105,21 +107,29 @@ def write_back(model, state) -> None:
         variable.assign(value)
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None, on_step=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progress=None, on_step=None,
+          checkpoint=None, resume: bool = False) -> Result:
     """The spec's loss and optimizer; `driver="loop"` steps from Python, `driver="scan"` runs each epoch's full
     batches in one compiled `lax.scan`. `on_step(loss)` is called after every optimizer step of the Python loop
     with the step's batch loss, the state written back into the model's variables (the training-parity check reads
-    the weights there)."""
+    the weights there). `checkpoint=DIR` writes a checkpoint at the end of every epoch of the Python loop
+    (`native.checkpoint`: the state as an orbax pytree checkpoint); `resume=True` goes on from the last one there."""
     if cfg.patience is not None and driver == "scan":
         raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use driver='loop' "
                         "with patience")
     if on_step is not None and driver == "scan":
         raise SpecError("the fused scan runs every step inside one compiled call, so nothing can look in after a "
                         "step; use driver='loop' with on_step")
+    if checkpoint is not None and driver == "scan":
+        raise SpecError("the fused scan runs every epoch in one call, so no epoch ends where a checkpoint could be "
+                        "written; use driver='loop' with checkpoint")
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
+    saved = Checkpoints(checkpoint, model, cfg, "jax", "jax-native", resume=resume) if checkpoint else None
+    if saved and saved.saved:
+        state = jax_checkpoint.read(saved.engine_folder(), state)
     train_xy = jax.tree.map(jnp.asarray, (data.x_train, data.y_train))
     if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
         train_xy += (jnp.asarray(data.w_train),)
@@ -128,7 +138,14 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
     if on_step:  # after every step, the state in the model's variables, where the caller reads it
-        run = functools.partial(_loop_driver, after=lambda state, loss: (write_back(model, state), on_step(loss)))
+        run = functools.partial(run, after=lambda state, loss: (write_back(model, state), on_step(loss)))
+    if saved:
+
+        def save(epoch, state, curves):
+            write_back(model, state)  # the portable .weights.h5 is written from the Keras variables
+            saved.save(epoch + 1, model, _plain(curves), lambda folder: jax_checkpoint.write(folder, state))
+
+        run = functools.partial(run, first_epoch=saved.start, curves=_loaded(saved.curves), on_epoch=save)
     orders = np.asarray(batch_orders(cfg, data.n_train))
     state, curves, compile_seconds, seconds = run(step, evaluate, metrics, state, train_xy, orders, val, cfg,
                                                   progress)
@@ -157,7 +174,20 @@ def _rows_in(batch) -> int:
     return len(first(batch[1]))
 
 
-def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress, after=None):
+def _plain(curves: dict) -> dict:
+    """The driver's curves as JSON: the loss curves, and each epoch's metric values as floats."""
+    return {k: [float(v) if k.endswith("loss") else [float(x) for x in v] for v in values]
+            for k, values in curves.items()}
+
+
+def _loaded(saved: dict) -> dict:
+    """A checkpoint's curves in the driver's form (no metrics were recorded: none per epoch)."""
+    return {"loss": list(saved["loss"]), "val_loss": list(saved["val_loss"]),
+            "metrics": list(saved.get("metrics") or []), "val_metrics": list(saved.get("val_metrics") or [])}
+
+
+def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress, after=None, first_epoch=0,
+                 curves=None, on_epoch=None):
     arrays = jax.tree.map(np.asarray, train_xy)  # (x, y) or (x, y, sample_weight)
     full, rest = split_batches(orders, cfg.batch_size)
     # Every batch of every epoch gathered once, as NumPy: a NumPy view per step is free and the compiled step
@@ -170,9 +200,9 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
     step = {_rows_in(by_epoch(b, 0)): step.lower(state, by_epoch(b, 0)).compile() for b in batches}
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    curves = {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
+    curves = curves or {"loss": [], "val_loss": [], "metrics": [], "val_metrics": []}
     reset, stop = state[3], EarlyStopping(cfg.patience) if cfg.patience else None
-    for epoch in range(cfg.epochs):
+    for epoch in range(first_epoch, cfg.epochs):  # after a checkpoint, the epochs it has left
         losses, sizes = [], []
         for batch in (by_epoch(b, epoch) for b in batches):
             state, loss = step[_rows_in(batch)](state, batch)
@@ -187,6 +217,8 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
             loss, values = evaluate(state[0], state[1], *val)
             curves["val_loss"].append(float(loss))
             curves["val_metrics"].append(values)
+        if on_epoch:
+            on_epoch(epoch, state, curves)
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, curves["val_loss"][-1], lambda: state[:2]):

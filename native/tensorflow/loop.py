@@ -20,6 +20,8 @@ from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, check_outputs, keras_optimizer, training_loss
+from native.checkpoint import Checkpoints, fresh_curves
+from native.tensorflow import checkpoint as tf_checkpoint
 
 
 def _forward(model, x, training: bool):
@@ -69,22 +71,32 @@ def batch_orders(cfg: TrainConfig, n: int) -> list[tf.Tensor]:
     return [tf.random.experimental.stateless_shuffle(rows, seed=[cfg.seed, e]) for e in range(cfg.epochs)]
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None, checkpoint=None,
+          resume: bool = False) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
     `on_step(loss)` is called after every optimizer step with the step's batch loss (the training-parity check reads
-    the weights there)."""
+    the weights there). `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the
+    optimizer with `tf.train.Checkpoint`); `resume=True` goes on from the last one there."""
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = keras_optimizer(cfg), training_loss(cfg), EpochMetrics(cfg)
     optimizer.build(model.trainable_variables)
+    saved = Checkpoints(checkpoint, model, cfg, "tensorflow", "tensorflow-native", resume=resume) if checkpoint \
+        else None
+    if saved and saved.saved:
+        tf_checkpoint.read(saved.engine_folder(), model, optimizer)
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
     step = make_step(model, loss_fn, optimizer, x, y, metrics, data.w_train)
     step.get_concrete_function()  # trace and compile now, so training time is training
     compile_seconds = time.perf_counter() - start
-    train_loss, val_loss, stop = [], [], EarlyStopping(cfg.patience) if cfg.patience else None
+    curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
+    train_loss, val_loss, metrics.history = curves["loss"], curves["val_loss"], curves["metrics"]
+    stop = EarlyStopping(cfg.patience) if cfg.patience else None
     start = time.perf_counter()
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
+        if saved and epoch < saved.start:
+            continue  # done before the checkpoint: every epoch's order is drawn all the same, so the rest match
         total = tf.zeros(())
         for rows in batch_slices(data.n_train, cfg.batch_size):
             idx = order[rows]
@@ -100,6 +112,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
             val_loss.append(float(loss))
             metrics.update(data.y_val, outputs)
             metrics.close("val_")
+        if saved:
+            saved.save(epoch + 1, model, curves, lambda folder: tf_checkpoint.write(folder, model, optimizer))
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, val_loss[-1], model.get_weights):

@@ -23,6 +23,8 @@ from keras_side.config import HarData, Result, batch_slices, first, keras_inputs
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, check_outputs, keras_loss, training_loss
+from native.checkpoint import Checkpoints, fresh_curves
+from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
 
 
@@ -86,10 +88,13 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None) -> Result:
+def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None,
+          checkpoint=None, resume: bool = False) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
     `compile=True` runs the batch loss through `torch.compile`. `on_step(loss)` is called after every optimizer step
-    with the step's batch loss (the training-parity check reads the weights there)."""
+    with the step's batch loss (the training-parity check reads the weights there). `checkpoint=DIR` writes a
+    checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler with `torch.save`);
+    `resume=True` goes on from the last one there."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
@@ -97,6 +102,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
+    name = "torch-native-compile" if compile else "torch-native"
+    saved = Checkpoints(checkpoint, model, cfg, "torch", name, resume=resume) if checkpoint else None
+    if saved and saved.saved:
+        torch_checkpoint.read(saved.engine_folder(), model, optimizer, scheduler)
     x, y = _tensors(data.x_train, device), _tensors(data.y_train, device)
     with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
         outputs = _forward(model, take(x, slice(0, 1)), training=False)
@@ -115,8 +124,11 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         torch.compiler.reset()
         batch_loss = torch.compile(batch_loss)
     metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
-    train_loss, val_loss, epoch_seconds = [], [], []
+    curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
+    train_loss, val_loss, epoch_seconds, metrics.history = curves["loss"], curves["val_loss"], [], curves["metrics"]
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
+        if saved and epoch < saved.start:
+            continue  # done before the checkpoint: every epoch's order is drawn all the same, so the rest match
         start = time.perf_counter()
         order = order.to(device)
         x_epoch, y_epoch = take(x, order), take(y, order)  # one gather per epoch; each batch is then a view
@@ -142,6 +154,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         if cfg.validate:
             val_loss.append(_evaluate(model, loss_fn, x_val, y_val, regularized, metrics))
         epoch_seconds.append(time.perf_counter() - start)
+        if saved:
+            saved.save(epoch + 1, model, curves, lambda folder: torch_checkpoint.write(folder, model, optimizer,
+                                                                                      scheduler))
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, val_loss[-1], model.get_weights):
@@ -152,7 +167,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     if compile and len(epoch_seconds) > 1:  # the compile is the first epoch's excess over a typical epoch
         compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
         seconds -= compile_seconds
-    return Result.from_training("torch-native-compile" if compile else "torch-native", "torch", model.get_weights(),
+    return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
 

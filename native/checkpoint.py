@@ -1,0 +1,158 @@
+"""Checkpoints of a native loop: written at the end of every epoch, read back to resume where the run stopped.
+
+    result = loop.train(model, data, cfg, checkpoint="runs/ckpt")               # a checkpoint per epoch
+    result = loop.train(model, data, cfg, checkpoint="runs/ckpt", resume=True)  # after a crash: go on from there
+
+This module is the engine-free part: the folder, what it records and the checks on reading it. Each engine's
+`native/<engine>/checkpoint.py` writes the optimizer state and every model variable with the engine's own tool
+(`torch.save`, an orbax pytree checkpoint, `tf.train.Checkpoint`). A checkpoint is one folder per epoch,
+
+    DIR/epoch-0003/   model.weights.h5  the Keras weights, portable: any engine's model loads them
+                      state.json        the epoch, the spec, the model's variables, the curves so far, seed, versions
+                      engine/...        the engine's own files: the optimizer's state, every variable (a random
+                                        layer's seed state too, which .weights.h5 does not hold)
+
+written as a hidden temporary folder and renamed into place once complete, so a run killed at any moment leaves its
+last complete epoch; the older one is removed after the newer one is in place. The batch order of every epoch is a
+function of the seed, so a resumed run draws the epochs it has left exactly as the uninterrupted run would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from keras_side.config import versions
+from keras_side.spec import SpecError, TrainConfig
+
+FORMAT = 1
+EPOCH = re.compile(r"^epoch-(\d{4,})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (damaged, another model or spec, a folder of another run); one line."""
+
+
+@dataclass
+class Saved:
+    """The last complete checkpoint: its folder, its epoch (epochs done) and what state.json says."""
+
+    folder: Path
+    epoch: int
+    state: dict
+
+
+def _identity(model, cfg: TrainConfig, engine: str, path: str) -> dict:
+    """What must match to resume: the engine, the path, the model (its variables' names, shapes and dtypes, in
+    order: not the layers' auto-numbered names, which depend on what the process built before) and the spec (all
+    but `epochs`)."""
+    spec = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k != "epochs"}
+    return {"engine": engine, "path": path,
+            "model": [[v.name, list(v.shape), str(v.dtype)] for v in model.variables], "spec": spec}
+
+
+def completed(root: Path) -> list[tuple[int, Path]]:
+    """The complete epoch folders under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := EPOCH.match(p.name))]
+    return sorted(found)
+
+
+class Checkpoints:
+    """One run's checkpoints under `root`. `resume=False` refuses a folder that holds another run's epochs (never
+    overwritten); `resume=True` reads the last one (none yet: the run starts from scratch) and checks it is this
+    run's: the same engine, path, model and spec (`epochs` may grow)."""
+
+    def __init__(self, root, model, cfg: TrainConfig, engine: str, path: str, *, resume: bool = False):
+        if cfg.patience is not None:
+            raise SpecError("checkpoints do not carry early stopping's state (its best weights); drop patience or "
+                            "the checkpoint")
+        self.root, self.cfg = Path(root), cfg
+        self.identity = _identity(model, cfg, engine, path)
+        if self.root.exists() and not self.root.is_dir():
+            raise CheckpointError(f"checkpoint folder {self.root} is a file; give a folder")
+        found = completed(self.root)
+        for leftover in self.root.glob(".epoch-*.tmp-*") if resume else ():
+            shutil.rmtree(leftover, ignore_errors=True)  # a write a killed run did not finish: never a checkpoint
+        self.saved = None
+        if found and not resume:
+            raise CheckpointError(f"{self.root} holds the checkpoints of a run (epoch {found[-1][0]}); pass resume "
+                                  "to continue it, or give an empty folder")
+        if found:
+            self.saved = self._read(*found[-1])
+
+    def _read(self, epoch: int, folder: Path) -> Saved:
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            if state.get("format") != FORMAT or state.get("epoch") != epoch:
+                raise ValueError("unknown format")
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {folder} is damaged ({type(err).__name__}); remove that folder to "
+                                  "resume from an earlier one, or start afresh in an empty folder") from None
+        for key in ("engine", "path", "model"):
+            if state[key] != self.identity[key]:
+                raise CheckpointError(f"checkpoint {folder} is of another {key} ({_short(state[key])}, this run: "
+                                      f"{_short(self.identity[key])}); resume with the same {key}, or give an "
+                                      "empty folder")
+        changed = [k for k in self.identity["spec"] if state["spec"].get(k) != self.identity["spec"][k]]
+        if changed:
+            k = changed[0]
+            raise CheckpointError(f"checkpoint {folder} was trained with {k}={state['spec'].get(k)!r}, this run "
+                                  f"has {k}={self.identity['spec'][k]!r}; resume with the same spec (only epochs "
+                                  "may change)")
+        if epoch > self.cfg.epochs:
+            raise CheckpointError(f"checkpoint {folder} is at epoch {epoch}, past this run's {self.cfg.epochs} "
+                                  "epochs; ask for at least as many")
+        return Saved(folder, epoch, state)
+
+    @property
+    def start(self) -> int:
+        """The first epoch to train (0 when there is nothing to resume)."""
+        return self.saved.epoch if self.saved else 0
+
+    @property
+    def curves(self) -> dict:
+        """The per-epoch curves of the epochs already done (loss, val_loss and the metrics' history), as the loop
+        keeps them: a fresh copy, which the loop appends to."""
+        return json.loads(json.dumps(self.saved.state["curves"])) if self.saved else fresh_curves()
+
+    def engine_folder(self) -> Path:
+        return self.saved.folder / "engine"
+
+    def save(self, epoch: int, model, curves: dict, write_engine) -> Path:
+        """Write epoch `epoch` (epochs done) completely, then put it in place and drop the older ones.
+        `write_engine(folder)` writes the engine's files into a folder it creates."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"epoch-{epoch:04d}"
+        tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of this process id: never a complete checkpoint
+        try:
+            tmp.mkdir()
+            model.save_weights(str(tmp / "model.weights.h5"))
+            write_engine(tmp / "engine")
+            state = {"format": FORMAT, "epoch": epoch, **self.identity, "curves": curves, "seed": self.cfg.seed,
+                     "versions": versions()}
+            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            shutil.rmtree(final, ignore_errors=True)  # a run resumed from an earlier epoch writes this one again
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for older, folder in completed(self.root):
+            if older < epoch:
+                shutil.rmtree(folder, ignore_errors=True)
+        return final
+
+
+def fresh_curves() -> dict:
+    """The curves of a run with no epoch behind it."""
+    return {"loss": [], "val_loss": [], "metrics": {}}
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

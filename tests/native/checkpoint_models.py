@@ -1,0 +1,10 @@
+"""The model the checkpoint tests train, importable by the process they kill: every kind of state a checkpoint
+must carry (weights, BatchNorm's moving statistics, a Dropout's seed state) in one small MLP."""
+import keras
+from keras import layers
+
+
+def stateful_mlp():
+    return keras.Sequential([keras.Input((3,)), layers.Dense(8, use_bias=False, name="hidden"),
+                             layers.BatchNormalization(name="bn"), layers.ReLU(name="relu"),
+                             layers.Dropout(0.2, seed=7, name="dropout"), layers.Dense(1, name="out")])

@@ -1,0 +1,120 @@
+"""Checkpoint and resume in this engine's native loop: a run killed with SIGKILL in the middle of an epoch, then
+resumed, ends bit-identical to the run that was never stopped; a checkpoint of another run, or a damaged one, is
+one clear error, and the folder stays as it was."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from compare import paths
+from keras_side.determinism import seed_everything
+from keras_side.spec import SpecError, TrainConfig
+from native.checkpoint import CheckpointError, completed
+from tests.conftest import REPO
+from tests.native.checkpoint_models import stateful_mlp
+from tests.native.conftest import ENGINE
+
+PATH = paths.get(f"{ENGINE}-native")
+CFG = TrainConfig(epochs=4, batch_size=256, seed=3)  # 2,263 training days: 9 steps an epoch
+KILL_AT_STEP = 22  # in the middle of the third epoch: two complete epochs are on disk
+KILLED_RUN = """
+import json, os, signal, sys
+from compare import paths
+from keras_side.config import HarData
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
+from tests.native.checkpoint_models import stateful_mlp
+
+data, cfg = HarData.load(sys.argv[1]), TrainConfig(**json.loads(sys.argv[2]))
+steps = []
+
+def on_step(loss=None):
+    steps.append(loss)
+    if len(steps) == int(sys.argv[4]):
+        os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: as a crash or an out-of-memory kill
+
+seed_everything(cfg.seed)
+paths.get(sys.argv[5]).train(stateful_mlp(), data, cfg, checkpoint=sys.argv[3], on_step=on_step)
+"""
+
+
+def train(har, **kwargs):
+    seed_everything(CFG.seed)
+    return PATH.train(stateful_mlp(), har, CFG, **kwargs)
+
+
+def test_a_run_killed_mid_epoch_resumes_bit_identically(har, tmp_path):
+    whole = train(har)
+    har.save(tmp_path / "data.npz")
+    folder = tmp_path / "checkpoints"
+    env = {**os.environ, "KERAS_BACKEND": ENGINE, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path / "data.npz"), json.dumps(CFG.to_dict()),
+                           str(folder), str(KILL_AT_STEP), PATH.name], env=env, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [epoch for epoch, _ in completed(folder)] == [2]  # the last complete epoch, nothing half-written
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    resumed = train(har, checkpoint=folder, resume=True)
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)  # BatchNorm's statistics too; the Dropout masks drew alike
+    assert resumed.train_loss == whole.train_loss and resumed.val_loss == whole.val_loss
+    assert [epoch for epoch, _ in completed(folder)] == [CFG.epochs]
+
+
+def test_the_portable_weights_are_the_models(har, tmp_path):
+    """Each checkpoint has the Keras `.weights.h5` any engine's model loads: the trained weights."""
+    result = train(har, checkpoint=tmp_path / "c")
+    model = stateful_mlp()
+    model.load_weights(str(tmp_path / "c" / f"epoch-{CFG.epochs:04d}" / "model.weights.h5"))
+    for a, b in zip(result.weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda: dict(cfg=CFG.replace(learning_rate=0.02)), "trained with learning_rate=0.01, this run has "
+                                                        "learning_rate=0.02; resume with the same spec"),
+    (lambda: dict(build=lambda: __import__("keras_side.models").models.har()), "is of another model"),
+    (lambda: dict(cfg=CFG.replace(epochs=1)), "is at epoch 2, past this run's 1 epochs"),
+    (lambda: dict(resume=False), "holds the checkpoints of a run \\(epoch 2\\); pass resume"),
+    (lambda: dict(damage=True), "is damaged \\(JSONDecodeError\\); remove that folder"),
+])
+def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, change, message):
+    folder = tmp_path / "c"
+    seed_everything(CFG.seed)
+    PATH.train(stateful_mlp(), har, CFG.replace(epochs=2), checkpoint=folder)
+    options = change()
+    if options.pop("damage", False):
+        (folder / "epoch-0002" / "state.json").write_text("{not json")
+    before = snapshot(folder)
+    build, cfg = options.pop("build", stateful_mlp), options.pop("cfg", CFG)
+    with pytest.raises(CheckpointError, match=message):
+        seed_everything(CFG.seed)
+        PATH.train(build(), har, cfg, checkpoint=folder, **{"resume": True, **options})
+    assert snapshot(folder) == before
+
+
+def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
+    with pytest.raises(SpecError, match="checkpoints do not carry early stopping"):
+        PATH.train(stateful_mlp(), har, CFG.replace(patience=2), checkpoint=tmp_path / "c")
+
+
+def test_the_train_command_checkpoints_and_resumes(tmp_path, capsys):
+    from compare import cli
+
+    folder = str(tmp_path / "c")
+    assert cli.main(["train", "--path", PATH.name, "--epochs", "2", "--checkpoint", folder]) == 0
+    assert cli.main(["train", "--path", PATH.name, "--epochs", "3", "--checkpoint", folder, "--resume"]) == 0
+    assert [epoch for epoch, _ in completed(tmp_path / "c")] == [3]
+    capsys.readouterr()
+    assert cli.main(["train", "--path", PATH.name, "--epochs", "3", "--checkpoint", folder]) == 2
+    err = capsys.readouterr().err
+    assert "holds the checkpoints of a run (epoch 3); pass resume" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["train", "--path", f"keras-{ENGINE}", "--checkpoint", folder]) == 2
+    assert "checkpoints are written by the native loops" in capsys.readouterr().err
