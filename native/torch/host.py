@@ -1,10 +1,55 @@
 """Embedding a Keras model in a PyTorch codebase: it is a `torch.nn.Module`, so it is simply a submodule.
 
     host = HostModel(models.har()); optimizer = torch.optim.Adam(host.parameters(), lr=1e-2)
+    torch.save(host.state_dict(), "host.pt"); other.load_state_dict(torch.load("host.pt"))   # stable keys
+
+A Keras model's own `state_dict()` has each weight twice (under the model and under its inner functional graph),
+keyed by paths such as "sequential_3/dense_7/kernel" that Keras numbers from process-wide counters: a second
+instance built in the same process, or in another process that built other models first, has other keys and cannot
+load the first one's checkpoint. `stable_keys(model)` gives it the keys a torch user expects: each variable once,
+"<index>.<name>" in `model.variables` order ("0.kernel", "1.bias"...), the same in every process.
 """
 from __future__ import annotations
 
 import torch
+
+
+def stable_keys(model):
+    """Install `state_dict` and `load_state_dict` hooks on a Keras model (a torch module on this backend) so that it
+    saves and loads every variable once, under "<index>.<name>" (a random layer's seed state included, which the
+    model's own `state_dict` leaves out). A state dict with the model's own keys still loads. Returns the model."""
+    variables = list(model.variables)
+    keys = [f"{i}.{v.name}" for i, v in enumerate(variables)]
+    index = {id(v.value): i for i, v in enumerate(variables)}
+    # The model's own keys (relative to it) and the variable each holds: two keys for most variables.
+    own = {k: index[id(t)] for k, t in model.state_dict(keep_vars=True).items() if id(t) in index}
+
+    def save(module, state_dict, prefix, local_metadata):
+        for key in own:
+            state_dict.pop(prefix + key, None)
+        for key, variable in zip(keys, variables):
+            state_dict[prefix + key] = variable.value.detach()
+
+    def load(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        if not any(prefix + key in state_dict for key in keys):
+            return  # the model's own keys: torch loads them as they are
+        values = {i: state_dict.pop(prefix + key) for i, key in enumerate(keys) if prefix + key in state_dict}
+        for key, i in own.items():  # where torch loads each variable from: every own key of it gets its value
+            if i in values:
+                state_dict[prefix + key] = values[i]
+        covered = set(own.values())
+        with torch.no_grad():
+            for i, value in values.items():  # a variable torch does not hold as a parameter (a seed state)
+                if i not in covered:
+                    if tuple(value.shape) != tuple(variables[i].shape):
+                        error_msgs.append(f"size mismatch for {prefix}{keys[i]}: copying a param with shape "
+                                          f"{tuple(value.shape)}, the model's is {tuple(variables[i].shape)}")
+                    else:
+                        variables[i].assign(value)
+
+    model.register_state_dict_post_hook(save)
+    model.register_load_state_dict_pre_hook(load)
+    return model
 
 
 class HostModel(torch.nn.Module):
@@ -13,7 +58,7 @@ class HostModel(torch.nn.Module):
 
     def __init__(self, keras_model):
         super().__init__()
-        self.har = keras_model  # registering the Keras model registers its weights with torch
+        self.har = stable_keys(keras_model)  # registering the Keras model registers its weights with torch
         self.calibrate = torch.nn.Linear(1, 1)
 
     def forward(self, x):

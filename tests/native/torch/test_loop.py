@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import torch
@@ -133,3 +134,50 @@ def test_losses_written_in_torch_are_keras_losses_to_the_bit(name):
     want = keras_loss(cfg)(y_true, y_pred)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
+
+
+SAVE_IN_ANOTHER_PROCESS = """
+import sys, keras, torch
+from native.torch.host import HostModel
+from tests.native.torch.test_loop import unnamed_model
+
+torch.manual_seed(0)
+keras.utils.set_random_seed(0)
+host = HostModel(unnamed_model())
+torch.save(host.state_dict(), sys.argv[1])
+torch.save(host.eval()(torch.ones(4, 3)), sys.argv[2])
+"""
+
+
+def unnamed_model():
+    """Every name auto-numbered by Keras (sequential_N, dense_N): the keys of its own state_dict depend on what the
+    process built before; BatchNorm's statistics and a Dropout's seed state are variables too."""
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                             keras.layers.Dropout(0.2, seed=1), keras.layers.Dense(1)])
+
+
+def test_a_hosts_checkpoint_loads_in_another_process_and_in_this_one(tmp_path):
+    """The Keras model's own state_dict has each weight twice, under counter-numbered keys; the host's has each
+    variable once under "<index>.<name>": saved in one process, it loads in another that built other models first,
+    and into a second instance in the same process."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", SAVE_IN_ANOTHER_PROCESS, str(tmp_path / "host.pt"),
+                           str(tmp_path / "out.pt")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = torch.load(tmp_path / "host.pt", weights_only=True)
+    assert list(saved) == ["har.0.kernel", "har.1.bias", "har.2.gamma", "har.3.beta", "har.4.moving_mean",
+                           "har.5.moving_variance", "har.6.seed_generator_state", "har.7.kernel", "har.8.bias",
+                           "calibrate.weight", "calibrate.bias"]
+    unnamed_model(), unnamed_model()  # this process's counters move on: its own keys now differ from the saver's
+    here = torch_host.HostModel(unnamed_model())
+    here.load_state_dict(saved)  # strict: every key found, none left over
+    assert torch.equal(here.eval()(torch.ones(4, 3)), torch.load(tmp_path / "out.pt", weights_only=True))
+    again = torch_host.HostModel(unnamed_model())
+    again.load_state_dict(here.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), saved.values()))
