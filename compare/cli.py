@@ -121,14 +121,22 @@ class Terminated(BaseException):
     KeyboardInterrupt is, so that no `except Exception` on the way swallows it."""
 
 
-def _terminate(signum, frame):
-    raise Terminated
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop(signum, frame):
+    """The first Ctrl-C or SIGTERM stops the run where it is; the ones after it are ignored, so that the stopping it
+    starts (workers killed and waited for, temporary folders removed) is not itself cut short: a second Ctrl-C,
+    pressed while the run cleans up, would leave a worker or a half-written folder behind."""
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     handles = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-    previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
+    previous = {s: signal.signal(s, _stop) for s in STOPS} if handles else {}
     try:
         return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
@@ -141,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print("native-loops: terminated", file=sys.stderr)
         return 143
     finally:
-        if handles:  # called from Python (a test, a script), the caller's own handler comes back
-            signal.signal(signal.SIGTERM, previous)
+        for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
+            signal.signal(stop, handler)
 
 
 if __name__ == "__main__":

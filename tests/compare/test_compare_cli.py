@@ -192,28 +192,70 @@ def test_a_users_keras_json_does_not_reach_the_referee(tmp_path, monkeypatch, ca
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
 
 
+STOPS = [  # (command, signal, how many, to the whole process group as a terminal's Ctrl-C, exit code, last line)
+    (["compare", "--engines", "jax"], "SIGTERM", 1, False, 143, "native-loops: terminated"),
+    (["compare", "--engines", "jax"], "SIGINT", 1, True, 130, "native-loops: interrupted"),
+    (["compare", "--engines", "jax"], "SIGINT", 2, True, 130, "native-loops: interrupted"),
+    (["bench", "--engines", "jax", "--json", "{tmp}/bench.json"], "SIGINT", 1, True, 130, "native-loops: interrupted"),
+    (["walk-forward", "--out", "{tmp}/run"], "SIGINT", 2, True, 130, "native-loops: interrupted"),
+]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the workers through Linux's /proc")
-def test_sigterm_stops_the_workers_and_leaves_nothing_behind(tmp_path):
-    """SIGTERM (what `timeout` and CI send) in the middle of a run: one line, exit 143, the workers stopped, and
-    neither the run folder nor its temporary twin left. Every wait is for an event (the worker process appears, the
-    run exits), never for a time: the run waits for its killed workers before it exits, so none is left to see."""
+@pytest.mark.parametrize("args, name, times, group, code, last", STOPS,
+                         ids=[f"{a[0]}-{n}x{t}" for a, n, t, *_ in STOPS])
+def test_a_stop_signal_stops_the_workers_and_leaves_nothing_behind(tmp_path, args, name, times, group, code, last):
+    """SIGTERM (what `timeout` and CI send) or Ctrl-C (SIGINT to the whole process group, workers included, as a
+    terminal sends it), once or twice, in the middle of a run: one line, exit 143 or 130, the workers stopped, and
+    nothing written (no run folder, no temporary twin, no JSON). A second Ctrl-C while the run cleans up is ignored,
+    so the cleanup finishes. Every wait is for an event (the worker process appears, the run exits), never for a
+    time: the run waits for its killed workers before it exits, so none is left to see."""
     import signal
     import subprocess
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "compare.cli", "compare", "--engines", "jax", "--out",
-                             str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    command = [a.format(tmp=tmp_path) for a in args]
+    if command[0] != "bench":
+        command += ["--out", str(tmp_path / "run")] if "--out" not in command else []
+    proc = subprocess.Popen([sys.executable, "-m", "compare.cli", *command], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     children_file, children = f"/proc/{proc.pid}/task/{proc.pid}/children", []
     while not children and proc.poll() is None:  # until the worker exists (or the run ended without one)
         time.sleep(0.1)
         children = open(children_file).read().split() if os.path.exists(children_file) else []
     assert children, "the run ended before its worker started"
-    proc.send_signal(signal.SIGTERM)
+    for _ in range(times):
+        if group:
+            os.killpg(proc.pid, getattr(signal, name))
+        else:
+            proc.send_signal(getattr(signal, name))
     _, err = proc.communicate()
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "native-loops: terminated"
+    assert proc.returncode == code and err.strip().splitlines()[-1] == last, err[-2000:]
     assert not any(os.path.exists(f"/proc/{pid}") for pid in children), "a worker outlived the run"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_during_training_leaves_only_complete_checkpoints(tmp_path):
+    """`train` runs in this process: Ctrl-C once the first checkpoint is written (an event, not a time) stops it
+    with exit 130, leaving complete epochs only."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "compare.cli", "train", "--path", "torch-native", "--epochs",
+                             "3000", "--checkpoint", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    while proc.poll() is None and not (folder.is_dir() and any(p.name.startswith("epoch-") for p in folder.iterdir())):
+        time.sleep(0.05)
+    assert proc.poll() is None, "3,000 epochs ended before the first checkpoint was seen"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "native-loops: interrupted", err[-2000:]
+    names = [p.name for p in folder.iterdir()]
+    assert len(names) == 1 and names[0].startswith("epoch-")  # the last complete epoch; nothing half-written
 
 
 def test_an_interrupt_while_workers_start_is_delivered_after_they_are_recorded():
