@@ -67,6 +67,20 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
     return TrainConfig(epochs=epochs, seed=check_seed(args.seed))
 
 
+# Every epoch's batch order is drawn up front (so that a resumed run draws the same ones), and the JAX loop gathers
+# every epoch's batches once: epochs × training rows must fit in memory. 50 million rows of order is 400 MB of int64,
+# and about as much again of gathered float32 HAR batches.
+MAX_ORDER_ROWS = 50_000_000
+
+
+def check_epochs(cfg: TrainConfig, rows: int) -> None:
+    """One line, before any training, for an --epochs whose batch orders would not fit in memory."""
+    if cfg.epochs * rows > MAX_ORDER_ROWS:
+        raise NativeLoopsError(f"--epochs {cfg.epochs:,} over {rows:,} training rows draws {cfg.epochs * rows:,} rows "
+                               f"of batch order up front, more than the {MAX_ORDER_ROWS:,} held in memory; ask for at "
+                               f"most {MAX_ORDER_ROWS // rows:,} epochs")
+
+
 # The paths that write checkpoints: the native loops (fit has its own, keras.callbacks.BackupAndRestore).
 CHECKPOINTED = ("torch-native", "torch-native-compile", "torch-native-engine", "torch-native-compile-engine",
                 "jax-native", "tensorflow-native")
@@ -81,6 +95,7 @@ def train(args: argparse.Namespace) -> int:
                                f"by {path.name}; fit has keras.callbacks.BackupAndRestore")
     panel, source = load(args)
     prepared, fit = prepare_har(args, panel, source)
+    check_epochs(cfg, prepared.n_train)
     use_backend(path.engine)
     keras_defaults()
     from keras_side import models as builders
@@ -154,6 +169,7 @@ def compare(args: argparse.Namespace) -> int:
         prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
                                          validation=args.validation, source=source)
         ols = None
+    check_epochs(cfg, prepared.n_train)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
@@ -192,6 +208,7 @@ def bench(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)
+    check_epochs(cfg, prepared.n_train)
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once

@@ -79,6 +79,10 @@ TRAINING_CASES = [
     (["bench", "--seed", str(2**32)], "--seed must be an integer from 0 to 2**32 - 1"),
     (["walk-forward", "--assets", "indice,indice"], "--assets names indice more than once"),
     (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),
+    # every epoch's batch order is drawn up front: a huge --epochs is refused before it fills the memory
+    (["compare", "--epochs", "100000000"], "--epochs 100,000,000 over 2,263 training rows draws 226,300,000,000 rows"),
+    (["train", "--path", "jax-native", "--epochs", "100000"], "ask for at most 22,094 epochs"),
+    (["bench", "--epochs", "30000"], "more than the 50,000,000 held in memory"),
 ]
 
 
