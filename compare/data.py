@@ -71,12 +71,7 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         raise HarDataError("the data has its columns but no rows; pass a file with the panel's days")
     frame = frame[list(COLUMNS)].copy()
-    try:
-        frame["fecha"] = pd.to_datetime(frame["fecha"])
-    except (ValueError, TypeError):
-        raise HarDataError("column 'fecha' has values that are not dates; write them as YYYY-MM-DD") from None
-    if frame["fecha"].dt.tz is not None:  # a daily panel: keep each row's own calendar date, drop the time zone
-        frame["fecha"] = frame["fecha"].dt.tz_localize(None)
+    frame["fecha"] = _calendar_days(frame["fecha"])
     frame["activo"] = frame["activo"].astype(str)
     for col in ("rendimiento", "rv_5min"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
@@ -95,6 +90,22 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
         raise HarDataError(f"'rv_5min' is constant for asset(s) {', '.join(map(repr, constant))}: its HAR features "
                            "would be constant and OLS has no answer; drop the asset or fix its values")
     return frame.sort_values(["activo", "fecha"], ignore_index=True)
+
+
+def _calendar_days(values: pd.Series) -> pd.Series:
+    """Dates as naive timestamps, each row keeping its own calendar date: a daily panel's day is the day it was
+    recorded in, whatever its time zone. Dates with one time zone drop it; dates with several offsets (an export
+    across a daylight-saving change), some with a zone and some without, or in several formats, are read one by
+    one."""
+    try:
+        dates = pd.to_datetime(values)
+    except (ValueError, TypeError):  # several offsets, or formats pandas does not infer from the first value
+        try:
+            dates = pd.Series([pd.Timestamp(v).tz_localize(None) for v in values], index=values.index)
+            return pd.to_datetime(dates)
+        except (ValueError, TypeError):
+            raise HarDataError("column 'fecha' has values that are not dates; write them as YYYY-MM-DD") from None
+    return dates.dt.tz_localize(None) if dates.dt.tz is not None else dates
 
 
 def _require_finite(frame: pd.DataFrame, col: str, ok: pd.Series, why: str) -> None:

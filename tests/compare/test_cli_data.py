@@ -147,6 +147,21 @@ def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
     np.testing.assert_array_equal(got.y_test, want.y_test)
 
 
+def test_dates_with_several_offsets_are_read_as_their_calendar_days(panel, tmp_path):
+    """A CSV exported across daylight-saving changes has two offsets (+01:00 in winter, +02:00 in summer), which
+    pandas refuses to parse together; each row keeps its own calendar day, the same data set as the naive one."""
+    from compare import data
+
+    mixed = panel.copy()
+    summer = mixed["fecha"].dt.month.between(4, 10)
+    mixed["fecha"] = mixed["fecha"].dt.strftime("%Y-%m-%dT00:00") + np.where(summer, "+02:00", "+01:00")
+    mixed.to_csv(tmp_path / "mixed.csv", index=False)
+    loaded, _ = data.load_panel(tmp_path / "mixed.csv")
+    want, got = data.prepare(panel), data.prepare(loaded)
+    np.testing.assert_array_equal(got.x_train, want.x_train)
+    np.testing.assert_array_equal(got.y_test, want.y_test)
+
+
 def test_a_second_run_on_the_same_out_stops_at_once(tmp_path):
     """The run that starts first holds --out (a lock file) from its start: another one stops before any work, and
     the first still lands whole."""
