@@ -1,0 +1,109 @@
+"""The torch native loop, data-parallel: the Keras model (a `torch.nn.Module`) inside `DistributedDataParallel`.
+
+    torchrun --standalone --nproc-per-node 2 -m native.torch.ddp --data data.npz --config '{"epochs": 5}' \\
+        --out weights.npz                                   # one machine, 2 processes (gloo on CPU, nccl with CUDA)
+    torchrun --nnodes 2 --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:29500 --nproc-per-node 2 \\
+        -m native.torch.ddp ...                             # several hosts: the same command on each
+
+Every process holds the whole model; each takes its shard of every global batch (the batch `fit` would take, cut
+into `world` contiguous parts) and DDP averages the gradients in backward with an all-reduce, so every process
+applies the same update. Each shard's loss is weighted by its share of the global batch times `world`, so the
+average of the processes' gradients is the gradient of the global batch's mean loss even when the short last batch
+does not split evenly: the same step as one process, up to float32 rounding (`tests/native/torch/test_ddp.py`).
+
+BatchNorm: each process normalizes with its own shard's statistics and moves its own moving averages (DDP
+broadcasts buffers from rank 0 before each forward, so rank 0's averages win): training is not the one-process
+run's. Equal statistics need `torch.nn.SyncBatchNorm`'s all-reduce of the batch moments inside the layer, which a
+Keras BatchNormalization does not have; not built here.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, take
+from keras_side.spec import TrainConfig
+from native.torch import optim
+from native.torch.loop import spec_loss
+
+# A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
+# hang: a rank that died or hangs is reported within it.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def shard(rows: slice, rank: int, world: int) -> slice:
+    """This rank's contiguous part of a global batch's rows (the first ranks take one more when it does not split)."""
+    size = rows.stop - rows.start
+    share, extra = divmod(size, world)
+    start = rows.start + rank * share + min(rank, extra)
+    return slice(start, start + share + (rank < extra))
+
+
+def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
+    """Train on this process's shard of every global batch; the process group must be initialized. Returns the
+    trained weights (the same on every rank). The batch order is the shared NumPy one, so every rank cuts the same
+    global batches."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else None
+    ddp = DistributedDataParallel(model, device_ids=[device] if device else None)  # rank 0's weights to every rank
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler, clip = optim.build(params, cfg)
+    x, y = data.x_train, data.y_train
+    loss_fn = spec_loss(cfg, same_rank=first(y).ndim == 2)
+    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            mine = order[rows][shard(slice(0, rows.stop - rows.start), rank, world)]
+            xb, yb = (torch.as_tensor(np.ascontiguousarray(a)) for a in (take(x, mine), take(y, mine)))
+            outputs = ddp(keras_inputs(xb), training=True)
+            weight = len(mine) * world / (rows.stop - rows.start)  # this shard's share of the global batch's mean
+            loss = loss_fn(yb, outputs) * weight
+            loss = loss + sum(model.losses) if model.losses else loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over the ranks here
+            if clip:
+                clip(params)
+            optimizer.step()
+            if scheduler:
+                scheduler.step()
+    return model.get_weights()
+
+
+def main(argv=None) -> int:
+    """One rank of a torchrun launch: train the model of --build (the HAR by default) on --data and, on rank 0,
+    write the weights to --out."""
+    parser = argparse.ArgumentParser(prog="torchrun ... -m native.torch.ddp", description=main.__doc__)
+    parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
+    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
+    parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
+    parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
+    args = parser.parse_args(argv)
+    from keras_side.determinism import seed_everything
+    from keras_side.models import ensure_built
+    from keras_side.spec import resolve
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        data = HarData.load(Path(args.data))
+        cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+        seed_everything(cfg.seed)
+        weights = train(ensure_built(resolve(args.build)(), data.x_train), data, cfg)
+        if dist.get_rank() == 0:
+            tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
+            np.savez(tmp, **{f"w_{i}": w for i, w in enumerate(weights)})
+            os.replace(tmp, args.out)  # whole or not at all
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

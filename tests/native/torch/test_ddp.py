@@ -1,0 +1,58 @@
+"""The torch loop data-parallel (`native/torch/ddp.py`): two processes launched by torchrun, DistributedDataParallel
+over gloo, end where one process ends on the same global batches; a rank that dies ends the launch with an error and
+no weights written."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compare.tolerances import DATA_PARALLEL_ATOL
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig, resolve
+from native.torch import ddp
+from native.torch import loop as torch_loop
+from tests.conftest import REPO
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# 2,263 training days in batches of 100: the short last batch (63 rows) splits 32/31, the uneven case.
+SPEC = {"epochs": 2, "batch_size": 100}
+
+
+def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(REPO)}
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(processes), "-m", "native.torch.ddp",
+                           "--data", str(tmp_path / "data.npz"), "--config", json.dumps(SPEC), "--build", build,
+                           "--out", str(tmp_path / "weights.npz")], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2"])
+def test_two_processes_end_where_one_ends(har, tmp_path, build):
+    """The HAR, and an MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once)."""
+    har.save(tmp_path / "data.npz")
+    proc = launch(tmp_path, build)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(tmp_path / "weights.npz") as z:
+        parallel = [z[f"w_{i}"] for i in range(len(z.files))]
+    seed_everything(0)
+    alone = torch_loop.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
+    for a, b in zip(alone.weights, parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
+def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path):
+    har.save(tmp_path / "data.npz")
+    proc = launch(tmp_path, "tests.native.torch.ddp_faults:dies_on_rank_1")
+    assert proc.returncode != 0
+    assert "exitcode  : 3" in proc.stderr or "exit code 3" in proc.stderr.lower(), proc.stderr[-3000:]
+    assert not (tmp_path / "weights.npz").exists()
+
+
+@pytest.mark.parametrize("size, world, shards", [(63, 2, [32, 31]), (100, 2, [50, 50]), (5, 3, [2, 2, 1])])
+def test_a_global_batch_is_cut_into_contiguous_shards(size, world, shards):
+    cut = [ddp.shard(slice(0, size), r, world) for r in range(world)]
+    assert [s.stop - s.start for s in cut] == shards and cut[0].start == 0 and cut[-1].stop == size
+    assert all(a.stop == b.start for a, b in zip(cut, cut[1:]))
