@@ -45,7 +45,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
 
 def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path):
     har.save(tmp_path / "data.npz")
-    proc = launch(tmp_path, "tests.native.torch.ddp_faults:dies_on_rank_1")
+    proc = launch(tmp_path, "tests.native.faults:dies_in_the_second_process")
     assert proc.returncode != 0
     assert "exitcode  : 3" in proc.stderr or "exit code 3" in proc.stderr.lower(), proc.stderr[-3000:]
     assert not (tmp_path / "weights.npz").exists()

@@ -1,0 +1,146 @@
+"""The JAX loop data-parallel: the batch axis sharded over devices with `jax.sharding`, the same jitted step.
+
+    weights = sharded.train(model, data, cfg)                 # every device JAX sees: local ones, or, after
+                                                              # jax.distributed.initialize(), every process's
+    python -m native.jax.sharded --processes 2 --data data.npz --out weights.npz   # several processes on this host
+
+The weights and the optimizer state are replicated; each global batch (the batch `fit` would take) is split along
+its rows over a one-axis mesh, and `jax.jit` compiles the step of `native.jax.loop` for those shardings: XLA adds
+the all-reduce that the batch mean needs. The code does not change between one process with several devices and
+several processes (`jax.distributed`): every array is built with `jax.make_array_from_callback`, each process
+filling only the shards its own devices hold. A global batch whose rows do not split evenly over the devices (the
+short last one) is replicated instead: every device computes it whole, the same numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.spec import TrainConfig, training_loss
+from native.jax import loop, optim
+
+# jax.distributed's coordinator waits this long for every process to join, and a collective for every process to
+# arrive: a process that dies or hangs ends the run with an error on the others.
+JOIN_TIMEOUT_S = 60
+
+
+def put(array, sharding: NamedSharding) -> jax.Array:
+    """A global array from a value every process holds whole: each process fills the shards of its own devices."""
+    host = np.asarray(array)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def train(model, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarray]:
+    """The native loop's step over a mesh of `devices` (default: every device of every process); returns the trained
+    weights, the same on every process. The batch order is the shared NumPy one, so every process cuts the same
+    global batches."""
+    devices = list(devices or jax.devices())
+    mesh = Mesh(np.asarray(devices), ("batch",))
+    replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
+    optimizer, loss_fn = optim.build(cfg), training_loss(cfg)
+    step = loop.make_step(model, loss_fn, optimizer)
+    state = jax.tree.map(lambda a: put(a, replicated), loop.init_state(model, optimizer))
+    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            idx = order[rows]
+            sharding = by_rows if len(idx) % len(devices) == 0 else replicated
+            batch = jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(data.x_train, idx)),
+                                                              keras_inputs(take(data.y_train, idx))))
+            state, _ = step(state, batch)
+    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), state)  # this process's replica
+    loop.write_back(model, local)
+    return model.get_weights()
+
+
+def _process(args) -> int:
+    """One process of a `--processes N` run: join the others, train, and (process 0) write the weights."""
+    from keras_side.determinism import seed_everything
+    from keras_side.models import ensure_built
+    from keras_side.spec import resolve
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id,
+                               initialization_timeout=JOIN_TIMEOUT_S)
+    data = HarData.load(Path(args.data))
+    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    seed_everything(cfg.seed)
+    weights = train(ensure_built(resolve(args.build)(), data.x_train), data, cfg)
+    if jax.process_index() == 0:
+        tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
+        np.savez(tmp, **{f"w_{i}": w for i, w in enumerate(weights)})
+        os.replace(tmp, args.out)  # whole or not at all
+    jax.distributed.shutdown()
+    return 0
+
+
+def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,
+           port: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Start `processes` Python processes on this host, one CPU device each, joined by jax.distributed; wait for all.
+    The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
+    its result is returned (else process 0's, with every process's stderr)."""
+    port = port or _free_port()
+    env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "xla_force_host_platform_device_count" not in f)  # one device per process
+    common = ["--coordinator", f"127.0.0.1:{port}", "--processes", str(processes), "--data", str(data), "--out",
+              str(out), "--config", json.dumps(config), "--build", build]
+    with tempfile.TemporaryDirectory(prefix="jax-processes-") as logs:
+        procs = []
+        try:
+            for i in range(processes):
+                with open(Path(logs) / f"{i}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full one
+                    procs.append(subprocess.Popen([sys.executable, "-m", "native.jax.sharded", *common,
+                                                   "--process-id", str(i)], env=env, stdout=log, stderr=log))
+            failed = None
+            while failed is None and any(p.poll() is None for p in procs):
+                failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+                time.sleep(0.1)  # polling for an event (a process ending), not a limit
+            failed = failed or next((p for p in procs if p.returncode != 0), None)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        chosen = failed or procs[0]
+        text = "".join(f"--- process {i}\n" + (Path(logs) / f"{i}.log").read_text() for i in range(len(procs)))
+        return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m native.jax.sharded", description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2, help="processes on this host (default: %(default)s)")
+    parser.add_argument("--process-id", type=int, default=None, help="(set by the launcher) this process's index")
+    parser.add_argument("--coordinator", default=None, help="(set by the launcher) host:port of process 0")
+    parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
+    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
+    parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
+    parser.add_argument("--out", required=True, help="where process 0 writes the trained weights (.npz)")
+    args = parser.parse_args(argv)
+    if args.process_id is not None:
+        return _process(args)
+    result = launch(args.processes, Path(args.data), Path(args.out), json.loads(args.config), args.build)
+    sys.stderr.write(result.stderr[-3000:] if result.returncode else "")
+    return result.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

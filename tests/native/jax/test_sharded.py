@@ -1,0 +1,49 @@
+"""The JAX loop data-parallel (`native/jax/sharded.py`): the batch axis sharded over two host devices in one
+process, and over two processes joined by jax.distributed (gloo CPU collectives), ends where one device ends on the
+same global batches; a process that dies ends the run at once, with no weights written."""
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from compare.tolerances import DATA_PARALLEL_ATOL
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig, resolve
+from native.jax import loop, sharded
+from tests.native.conftest import SHARDING_DEVICES
+
+SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) does not split: it is replicated
+CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
+
+
+def alone(har, build):
+    seed_everything(0)
+    return loop.train(resolve(build)(), har, CFG).weights
+
+
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2"])
+def test_two_devices_in_one_process_end_where_one_ends(har, build):
+    assert len(jax.devices()) == SHARDING_DEVICES
+    seed_everything(0)
+    parallel = sharded.train(resolve(build)(), har, CFG)
+    for a, b in zip(alone(har, build), parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
+def test_two_processes_end_where_one_ends(har, tmp_path):
+    har.save(tmp_path / "data.npz")
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(tmp_path / "weights.npz") as z:
+        parallel = [z[f"w_{i}"] for i in range(len(z.files))]
+    for a, b in zip(alone(har, "keras_side.models:har"), parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
+def test_a_process_that_dies_ends_the_run_and_writes_nothing(har, tmp_path):
+    har.save(tmp_path / "data.npz")
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC,
+                            "tests.native.faults:dies_in_the_second_process")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert not Path(tmp_path / "weights.npz").exists()
