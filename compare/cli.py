@@ -91,6 +91,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-refits", type=int, default=3, help="refits timed with model.fit, then extrapolated")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
+    p = sub.add_parser("distributed", help="each engine's data-parallel native loop in N processes against one "
+                       "process: the weights they end at (exit 0 only when equal) and the throughput")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run (default: "
+                   "%(default)s; at most one per core)")
+    p.add_argument("--engines", default="torch,jax", help="comma-separated, among torch and jax (default: "
+                   "%(default)s)")
+    p.add_argument("--model", default="har", help="a zoo model trained on the HAR's data (default: %(default)s): "
+                   "har, mlp_l2, bn_mlp, dropout_mlp")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+
     p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "
                        "batches; exit 0 only when every cell is within tolerance")
     _data_options(p)
@@ -112,6 +124,7 @@ COMMANDS = {
     "bench": commands.bench,
     "walk-forward": commands.walk_forward,
     "zoo": commands.zoo,
+    "distributed": commands.distributed,
 }
 
 

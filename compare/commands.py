@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import tempfile
 from datetime import datetime
 from pathlib import Path
 
 from compare import bench as bench_paths
+from compare import distributed as dist
 from compare import checks, figures, paths, reference, report, runner, synthetic, tolerances
 from compare import data as har_data
 from compare import walk_forward as walk
@@ -285,3 +288,39 @@ def zoo(args: argparse.Namespace) -> int:
     if found["incomplete"]:
         return 3
     return 0 if zoo_matrix.passed(found) else 1
+
+
+def distributed(args: argparse.Namespace) -> int:
+    """Exit 0 when every engine's N-process run ends at its one-process weights, 1 when one does not, 3 when an
+    engine is missing or its run failed."""
+    engines = parse_names(args.engines, dist.ENGINES, "engine")
+    cores = os.cpu_count() or 1
+    if not 1 <= args.processes <= cores:
+        raise NativeLoopsError(f"--processes must be between 1 and this machine's {cores} cores (one process "
+                               f"each, one CPU device each), got {args.processes}")
+    missing = [e for e in engines if not runner.engine_installed(e)]
+    if missing:
+        raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
+                               "from --engines")
+    entry = zoo_matrix.ZOO.get(args.model)
+    if entry is None or entry.data != "har":
+        har_models = [m for m, e in zoo_matrix.ZOO.items() if e.data == "har"]
+        raise NativeLoopsError(f"--model must be a zoo model of the HAR's data ({', '.join(har_models)}), got "
+                               f"{args.model!r}")
+    cfg = train_config(args).replace(**entry.spec)
+    panel, source = load(args)
+    prepared, _ = prepare_har(args, panel, source)
+    check_epochs(cfg, prepared.n_train)
+    out = Path(args.out) if args.out else default_out()
+    with atomic_folder(out) as tmp:
+        with report.progress(engines) as on_event:
+            found = dist.run(prepared, cfg, engines, processes=args.processes, folder=tmp, build=entry.build,
+                             on_event=on_event)
+        report.print_distributed(found)
+        write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
+        for scratch in [*tmp.glob("*.npz"), *tmp.glob("engines")]:
+            shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
+    report.console().print(f"report: {out}/distributed.json")
+    if found["incomplete"]:
+        return 3
+    return 0 if dist.passed(found) else 1

@@ -148,6 +148,21 @@ def parity(request: dict, send) -> dict:
     return {}
 
 
+def native_weights(request: dict, send) -> dict:
+    """The native loop in this one process, on the request's spec: the trained weights and the training seconds
+    (the baseline of `native-loops distributed`)."""
+    data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
+    seed_everything(cfg.seed)
+
+    def progress(epoch, epochs):
+        send(event="progress", engine=ENGINE, path=f"{ENGINE}-native", stage="train", epoch=epoch, epochs=epochs)
+
+    result = paths.loop(ENGINE).train(_model(request, data), data, cfg, progress=progress)
+    seconds = result.train_seconds + (result.compile_seconds or 0.0)  # compiles included, as in the launchers
+    np.savez(request["weights"], seconds=seconds, **_named("w", result.weights))
+    return {}
+
+
 def bench(request: dict, send) -> dict:
     """Train each requested path `repeats` times, alternating paths, and report each wall time."""
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
@@ -231,6 +246,7 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
 
 HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
             "parity": parity, "trajectory": parity_steps.trajectory, "probe": parity_steps.probe, "bench": bench,
+            "native_weights": native_weights,
             "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 

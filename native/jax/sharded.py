@@ -75,10 +75,13 @@ def _process(args) -> int:
     data = HarData.load(Path(args.data))
     cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
     seed_everything(cfg.seed)
-    weights = train(ensure_built(resolve(args.build)(), data.x_train), data, cfg)
+    model = ensure_built(resolve(args.build)(), data.x_train)
+    start = time.perf_counter()
+    weights = train(model, data, cfg)
+    seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     if jax.process_index() == 0:
         tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-        np.savez(tmp, **{f"w_{i}": w for i, w in enumerate(weights)})
+        np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
         os.replace(tmp, args.out)  # whole or not at all
     jax.distributed.shutdown()
     return 0

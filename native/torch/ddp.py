@@ -22,6 +22,9 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +79,17 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     return model.get_weights()
 
 
+def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `processes` ranks on this host with torchrun (a free port: `--standalone`) and wait for them; torchrun
+    stops every rank when one fails."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "KERAS_BACKEND": "torch", **(env or {})}
+    return subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", str(processes), "-m", "native.torch.ddp",
+                           "--data", str(data), "--config", json.dumps(config), "--build", build, "--out", str(out)],
+                          env=env, capture_output=True, text=True)
+
+
 def main(argv=None) -> int:
     """One rank of a torchrun launch: train the model of --build (the HAR by default) on --data and, on rank 0,
     write the weights to --out."""
@@ -95,10 +109,13 @@ def main(argv=None) -> int:
         data = HarData.load(Path(args.data))
         cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
         seed_everything(cfg.seed)
-        weights = train(ensure_built(resolve(args.build)(), data.x_train), data, cfg)
+        model = ensure_built(resolve(args.build)(), data.x_train)
+        start = time.perf_counter()
+        weights = train(model, data, cfg)
+        seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
         if dist.get_rank() == 0:
             tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-            np.savez(tmp, **{f"w_{i}": w for i, w in enumerate(weights)})
+            np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
             os.replace(tmp, args.out)  # whole or not at all
     finally:
         dist.destroy_process_group()

@@ -36,7 +36,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path):
     result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC)
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(tmp_path / "weights.npz") as z:
-        parallel = [z[f"w_{i}"] for i in range(len(z.files))]
+        parallel = [z[f"w_{i}"] for i in range(len(z.files) - 1)]  # and the training seconds
     for a, b in zip(alone(har, "keras_side.models:har"), parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 

@@ -1,0 +1,91 @@
+"""`native-loops distributed`: each engine's data-parallel native loop in N processes against its one-process loop,
+on the same global batches: the weights they end at, and the throughput of each.
+
+    found = distributed.run(data, cfg, ["torch", "jax"], processes=2, folder=tmp)
+
+torch: `native/torch/ddp.py` (DistributedDataParallel, launched by torchrun); JAX: `native/jax/sharded.py` (the batch
+axis sharded over one device per process, joined by jax.distributed). The one-process run is the engine's plain
+native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes when every weight is
+within DATA_PARALLEL_ATOL of the one-process run's. Throughput is training samples per second of training (the
+launch, the imports and the join not counted; compiles counted, in both), measured in this run, never asserted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compare import runner
+from compare.tolerances import DATA_PARALLEL_ATOL
+from keras_side.backend import engine_environment
+from keras_side.config import HarData, versions
+from keras_side.spec import TrainConfig
+
+ENGINES = ("torch", "jax")  # TensorFlow's MirroredStrategy path is not built yet
+
+
+def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str):
+    """The engine's own launcher as a command, so that this process never imports Keras (its backend is fixed at
+    the first import): torchrun for torch, `python -m native.jax.sharded --processes N` for JAX."""
+    args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build]
+    if engine == "torch":
+        command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
+                   "-m", "native.torch.ddp", *args]
+    else:
+        command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
+    env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run(command, env=env, capture_output=True, text=True)
+
+
+def _weights(path: Path) -> tuple[list[np.ndarray], float]:
+    with np.load(path) as z:
+        return [z[f"w_{i}"] for i in range(len(z.files) - 1)], float(z["seconds"])
+
+
+def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, folder: Path,
+        build: str = "keras_side.models:har", on_event=lambda engine, event: None) -> dict:
+    """Every engine once in one process and once in `processes`; the JSON of `distributed.json`."""
+    cfg = cfg.replace(batch_order="numpy", validate=False)  # the same global batches everywhere
+    data.save(folder / "data.npz")
+    config = {k: v for k, v in cfg.to_dict().items()}
+    found, incomplete = {}, {}
+    with runner.Pool(engines, folder, jobs=1) as pool:
+        request = {"data": str(folder / "data.npz"), "config": config, "build": build}
+        pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-1.npz")}, on_event)
+        incomplete |= pool.failed
+    samples = cfg.epochs * data.n_train
+    for engine in [e for e in engines if e not in incomplete]:
+        one, one_seconds = _weights(folder / f"{engine}-1.npz")
+
+        def say(done: int) -> None:
+            on_event(engine, {"event": "progress", "path": f"{processes} processes", "stage": "train", "epoch": done,
+                              "epochs": cfg.epochs})
+
+        say(0)
+        start = time.perf_counter()
+        launched = _launch(engine, processes, folder / "data.npz", folder / f"{engine}-{processes}.npz", config, build)
+        wall = time.perf_counter() - start
+        say(cfg.epochs if launched.returncode == 0 else 0)
+        if launched.returncode != 0:
+            lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
+            incomplete[engine] = f"{processes} processes failed (exit {launched.returncode}): " + (
+                lines[-1] if lines else "no output")
+            continue
+        many, many_seconds = _weights(folder / f"{engine}-{processes}.npz")
+        gaps = [float(np.max(np.abs(np.asarray(a, np.float64) - b), initial=0.0)) for a, b in zip(one, many)]
+        found[engine] = {"check": f"data_parallel/{engine}", "gap": max(gaps), "tolerance": DATA_PARALLEL_ATOL,
+                         "passed": max(gaps) <= DATA_PARALLEL_ATOL,
+                         "seconds": {"1": one_seconds, str(processes): many_seconds},
+                         "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
+                         "launch_seconds": wall}
+    return {"processes": processes, "engines": found, "incomplete": incomplete, "build": build,
+            "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
+
+
+def passed(report: dict) -> bool:
+    return bool(report["engines"]) and not report["incomplete"] and all(e["passed"] for e in report["engines"].values())

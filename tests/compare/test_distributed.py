@@ -1,0 +1,35 @@
+"""`native-loops distributed`: two processes per engine (torch DDP, JAX sharded over jax.distributed) against one,
+on a short run; bad options are one line, exit 2, nothing written."""
+import json
+
+import pytest
+
+from compare import cli
+from compare.tolerances import DATA_PARALLEL_ATOL
+
+
+def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
+    code = cli.main(["distributed", "--processes", "2", "--epochs", "2", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "distributed.json").read_text())
+    assert code == 0, report
+    assert set(report["engines"]) == {"torch", "jax"} and report["processes"] == 2 and not report["incomplete"]
+    for row in report["engines"].values():
+        assert row["passed"] and row["gap"] <= DATA_PARALLEL_ATOL == row["tolerance"]
+        assert set(row["samples_per_s"]) == {"1", "2"} and all(v > 0 for v in row["samples_per_s"].values())
+    assert report["seed"] == 0 and "keras" in report["versions"]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["distributed.json"]  # no scratch left
+    assert "data_parallel/torch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--processes", "0"], "--processes must be between 1 and this machine's"),
+    (["--processes", "1000"], "--processes must be between 1 and this machine's"),
+    (["--engines", "tensorflow"], "unknown engine(s) tensorflow"),
+    (["--model", "lstm"], "--model must be a zoo model of the HAR's data"),
+    (["--epochs", "100000"], "ask for at most"),
+])
+def test_bad_options_are_one_line(tmp_path, capsys, args, message):
+    code = cli.main(["distributed", *args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
