@@ -95,10 +95,9 @@ def parser() -> argparse.ArgumentParser:
                        "process: the weights they end at (exit 0 only when equal) and the throughput")
     _data_options(p)
     _train_options(p)
-    p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run (default: "
-                   "%(default)s; at most one per core)")
-    p.add_argument("--engines", default="torch,jax", help="comma-separated, among torch and jax (default: "
-                   "%(default)s)")
+    p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run, replicas on "
+                   "TensorFlow (default: %(default)s; at most one per core)")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
     p.add_argument("--model", default="har", help="a zoo model trained on the HAR's data (default: %(default)s): "
                    "har, mlp_l2, bn_mlp, dropout_mlp")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")

@@ -4,7 +4,8 @@ on the same global batches: the weights they end at, and the throughput of each.
     found = distributed.run(data, cfg, ["torch", "jax"], processes=2, folder=tmp)
 
 torch: `native/torch/ddp.py` (DistributedDataParallel, launched by torchrun); JAX: `native/jax/sharded.py` (the batch
-axis sharded over one device per process, joined by jax.distributed). The one-process run is the engine's plain
+axis sharded over one device per process, joined by jax.distributed); TensorFlow: `native/tensorflow/mirrored.py`
+(MirroredStrategy, N replicas on N logical CPUs of one process). The one-process run is the engine's plain
 native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes when every weight is
 within DATA_PARALLEL_ATOL of the one-process run's. Throughput is training samples per second of training (the
 launch, the imports and the join not counted; compiles counted, in both), measured in this run, never asserted.
@@ -26,7 +27,11 @@ from keras_side.backend import engine_environment
 from keras_side.config import HarData, versions
 from keras_side.spec import TrainConfig
 
-ENGINES = ("torch", "jax")  # TensorFlow's MirroredStrategy path is not built yet
+ENGINES = ("torch", "jax", "tensorflow")
+
+
+RUNTIMES = {"torch": "DDP, N processes", "jax": "jax.distributed, N processes",
+            "tensorflow": "MirroredStrategy, N replicas"}
 
 
 def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str):
@@ -36,8 +41,10 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
     if engine == "torch":
         command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
                    "-m", "native.torch.ddp", *args]
-    else:
+    elif engine == "jax":
         command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
+    else:  # one process, `processes` replicas on as many logical CPUs
+        command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args]
     env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return subprocess.run(command, env=env, capture_output=True, text=True)
 
@@ -78,7 +85,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
             continue
         many, many_seconds = _weights(folder / f"{engine}-{processes}.npz")
         gaps = [float(np.max(np.abs(np.asarray(a, np.float64) - b), initial=0.0)) for a, b in zip(one, many)]
-        found[engine] = {"check": f"data_parallel/{engine}", "gap": max(gaps), "tolerance": DATA_PARALLEL_ATOL,
+        found[engine] = {"check": f"data_parallel/{engine}", "runtime": RUNTIMES[engine], "gap": max(gaps),
+                         "tolerance": DATA_PARALLEL_ATOL,
                          "passed": max(gaps) <= DATA_PARALLEL_ATOL,
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},

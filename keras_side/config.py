@@ -128,6 +128,15 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
     return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
 
+def shard(rows: slice, rank: int, world: int) -> slice:
+    """A replica's (or a process's) contiguous part of a global batch's rows; the first ones take one row more when
+    the batch does not split evenly."""
+    size = rows.stop - rows.start
+    share, extra = divmod(size, world)
+    start = rows.start + rank * share + min(rank, extra)
+    return slice(start, start + share + (rank < extra))
+
+
 def numpy_orders(seed: int, n: int, epochs: int) -> np.ndarray:
     """One NumPy permutation of the n rows per epoch: the batch order shared by every path when
     `batch_order="numpy"`."""

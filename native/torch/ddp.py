@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, shard, take
 from keras_side.spec import TrainConfig
 from native.torch import optim
 from native.torch.loop import spec_loss
@@ -40,14 +40,6 @@ from native.torch.loop import spec_loss
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
-
-
-def shard(rows: slice, rank: int, world: int) -> slice:
-    """This rank's contiguous part of a global batch's rows (the first ranks take one more when it does not split)."""
-    size = rows.stop - rows.start
-    share, extra = divmod(size, world)
-    start = rows.start + rank * share + min(rank, extra)
-    return slice(start, start + share + (rank < extra))
 
 
 def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
-"""`native-loops distributed`: two processes per engine (torch DDP, JAX sharded over jax.distributed) against one,
+"""`native-loops distributed`: two processes per engine (torch DDP, JAX sharded over jax.distributed; two
+MirroredStrategy replicas on TensorFlow) against one,
 on a short run; bad options are one line, exit 2, nothing written."""
 import json
 
@@ -12,7 +13,8 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     code = cli.main(["distributed", "--processes", "2", "--epochs", "2", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 0, report
-    assert set(report["engines"]) == {"torch", "jax"} and report["processes"] == 2 and not report["incomplete"]
+    assert set(report["engines"]) == {"torch", "jax", "tensorflow"} and report["processes"] == 2
+    assert not report["incomplete"]
     for row in report["engines"].values():
         assert row["passed"] and row["gap"] <= DATA_PARALLEL_ATOL == row["tolerance"]
         assert set(row["samples_per_s"]) == {"1", "2"} and all(v > 0 for v in row["samples_per_s"].values())
@@ -24,7 +26,7 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--processes", "0"], "--processes must be between 1 and this machine's"),
     (["--processes", "1000"], "--processes must be between 1 and this machine's"),
-    (["--engines", "tensorflow"], "unknown engine(s) tensorflow"),
+    (["--engines", "mxnet"], "unknown engine(s) mxnet"),
     (["--model", "lstm"], "--model must be a zoo model of the HAR's data"),
     (["--epochs", "100000"], "ask for at most"),
 ])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
+from keras_side.config import shard
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig, resolve
 from native.torch import ddp
@@ -46,6 +47,6 @@ def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path):
 
 @pytest.mark.parametrize("size, world, shards", [(63, 2, [32, 31]), (100, 2, [50, 50]), (5, 3, [2, 2, 1])])
 def test_a_global_batch_is_cut_into_contiguous_shards(size, world, shards):
-    cut = [ddp.shard(slice(0, size), r, world) for r in range(world)]
+    cut = [shard(slice(0, size), r, world) for r in range(world)]
     assert [s.stop - s.start for s in cut] == shards and cut[0].start == 0 and cut[-1].stop == size
     assert all(a.stop == b.start for a, b in zip(cut, cut[1:]))

@@ -1,0 +1,108 @@
+"""The TensorFlow loop data-parallel: `tf.distribute.MirroredStrategy` over replicas in one process, the
+`GradientTape` step run on each with `strategy.run`.
+
+    KERAS_BACKEND=tensorflow python -m native.tensorflow.mirrored --replicas 2 --data data.npz --out weights.npz
+
+On CPU the replicas are logical devices, which TensorFlow makes only before its runtime starts (`use_cpus(n)` first
+thing in the process: the command does it). The model and the optimizer are built in `strategy.scope()`, so their
+variables are mirrored. Each replica takes a contiguous shard of every global batch and scales its loss, as the
+TensorFlow guide does, by the global batch size (`sum of its per-sample losses / global batch`; the regularizers by
+`tf.nn.scale_regularization_loss`, i.e. / replicas); Keras's optimizer sums the replicas' gradients with an
+all-reduce before it steps (`_all_reduce_sum_gradients`), so the sum is the global batch's mean gradient, uneven
+last batch included. Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, shard, take
+from keras_side.models import ensure_built
+from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
+
+
+def use_cpus(replicas: int) -> list[str]:
+    """Split the CPU into `replicas` logical devices (before TensorFlow's runtime starts); their names."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    except RuntimeError:
+        raise SpecError("TensorFlow's runtime has started, so the CPU can no longer be split into replicas; call "
+                        "use_cpus first thing in the process") from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None) -> list[np.ndarray]:
+    """The native loop's step on every replica of a MirroredStrategy over `devices`; `init`: the weights to start
+    from (default: the model's seeded initializers). Returns the trained weights. The batch order is the shared
+    NumPy one."""
+    if cfg.clipnorm or cfg.global_clipnorm or cfg.clipvalue:
+        raise SpecError("Keras clips each replica's gradient before the all-reduce sums them, which is not the "
+                        "one-process clip; drop clipping for the mirrored loop")
+    strategy = tf.distribute.MirroredStrategy(devices)
+    replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = ensure_built(build(), data.x_train)
+        if init is not None:
+            model.set_weights(init)
+        optimizer = keras_optimizer(cfg)
+        optimizer.build(model.trainable_variables)
+    per_sample = keras_loss(cfg).call  # each sample's loss; the step scales their sum by the global batch
+
+    @tf.function
+    def step(x, y, global_size):
+        def replica(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(per_sample(yb, model(xb, training=True))) / global_size
+                if model.losses:
+                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss
+
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(x, y)), axis=None)
+
+    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            idx, size = order[rows], rows.stop - rows.start
+            parts = [idx[shard(slice(0, size), r, replicas)] for r in range(replicas)]
+            x, y = (strategy.experimental_distribute_values_from_function(
+                lambda ctx, a=a: tf.constant(keras_inputs(take(a, parts[ctx.replica_id_in_sync_group]))))
+                for a in (data.x_train, data.y_train))
+            step(x, y, tf.constant(size, tf.float32))
+    return model.get_weights()
+
+
+def main(argv=None) -> int:
+    """Train the model of --build (the HAR by default) on --replicas logical CPUs of this one process; write the
+    weights (and the training seconds) to --out."""
+    parser = argparse.ArgumentParser(prog="python -m native.tensorflow.mirrored", description=main.__doc__)
+    parser.add_argument("--replicas", type=int, default=2, help="replicas, one logical CPU each (default: 2)")
+    parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
+    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
+    parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
+    parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
+    args = parser.parse_args(argv)
+    devices = use_cpus(args.replicas)  # first: before anything starts TensorFlow's runtime
+    from keras_side.determinism import seed_everything
+    from keras_side.spec import resolve
+
+    data = HarData.load(Path(args.data))
+    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    seed_everything(cfg.seed)
+    start = time.perf_counter()
+    weights = train(resolve(args.build), data, cfg, devices)
+    seconds = time.perf_counter() - start  # training, its trace included: not the start-up
+    tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
+    np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
+    os.replace(tmp, args.out)  # whole or not at all
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
