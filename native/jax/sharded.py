@@ -63,6 +63,31 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarr
     return model.get_weights()
 
 
+def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarray]:
+    """`fit` itself, the Keras way: under `keras.distribution.DataParallel`, Keras shards every batch over the
+    devices. Keras 3.15.1 shards each batch evenly or not at all (a jax IndivisibleError): every batch of training,
+    validation and the final predictions must split over the devices, which is checked here first."""
+    import keras
+
+    from keras_side import fit
+    from keras_side.models import ensure_built
+    from keras_side.spec import SpecError
+
+    devices = list(devices or jax.devices())
+    sizes = {"training": [r.stop - r.start for r in batch_slices(data.n_train, cfg.batch_size)],
+             "test": [data.n_test]} | ({"validation": [data.n_val]} if cfg.validate else {})
+    for split, batches in sizes.items():
+        odd = [b for b in batches if b % len(devices)]
+        if odd:
+            raise SpecError(f"keras.distribution.DataParallel shards every batch evenly over the {len(devices)} "
+                            f"devices, and a {split} batch of {odd[0]} rows does not split; choose rows and a batch "
+                            "size that do, or the native sharded loop (sharded.train), which replicates such a batch")
+    with keras.distribution.DataParallel(devices=devices).scope():
+        model = ensure_built(build(), data.x_train)
+        fit.train(model, data, cfg)
+    return model.get_weights()
+
+
 def _process(args) -> int:
     """One process of a `--processes N` run: join the others, train, and (process 0) write the weights."""
     from keras_side.determinism import seed_everything

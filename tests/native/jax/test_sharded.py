@@ -1,6 +1,7 @@
 """The JAX loop data-parallel (`native/jax/sharded.py`): the batch axis sharded over two host devices in one
 process, and over two processes joined by jax.distributed (gloo CPU collectives), ends where one device ends on the
 same global batches; a process that dies ends the run at once, with no weights written."""
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -9,7 +10,8 @@ import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
 from keras_side.determinism import seed_everything
-from keras_side.spec import TrainConfig, resolve
+from keras_side import fit
+from keras_side.spec import SpecError, TrainConfig, resolve
 from native.jax import loop, sharded
 from tests.native.conftest import SHARDING_DEVICES
 
@@ -47,3 +49,25 @@ def test_a_process_that_dies_ends_the_run_and_writes_nothing(har, tmp_path):
                             "tests.native.faults:dies_in_the_second_process")
     assert result.returncode == 3, result.stderr[-3000:]
     assert not Path(tmp_path / "weights.npz").exists()
+
+
+def whole_batches(har):
+    """2,200 training rows and 2,000 test rows: every batch of 100 (and the test set) splits over two devices."""
+    return replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200], x_test=har.x_test[:2000],
+                   y_test=har.y_test[:2000])
+
+
+def test_fit_under_keras_data_parallel_ends_where_one_device_ends(har):
+    data = whole_batches(har)
+    seed_everything(0)
+    one = fit.train(resolve("keras_side.models:har")(), data, CFG).weights
+    seed_everything(0)
+    parallel = sharded.fit_train(resolve("keras_side.models:har"), data, CFG)
+    for a, b in zip(one, parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
+def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
+    """Keras 3.15.1 shards each batch evenly or fails inside jax (IndivisibleError); the check says so first."""
+    with pytest.raises(SpecError, match="a training batch of 63 rows does not split"):
+        sharded.fit_train(resolve("keras_side.models:har"), har, CFG)
