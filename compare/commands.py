@@ -311,11 +311,14 @@ def distributed(args: argparse.Namespace) -> int:
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)
     check_epochs(cfg, prepared.n_train)
+    # JAX's walk-forward across processes too: every refit of every asset, the model axis split over them
+    windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end).model_inputs() \
+        if "jax" in engines else None
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
             found = dist.run(prepared, cfg, engines, processes=args.processes, folder=tmp, build=entry.build,
-                             on_event=on_event)
+                             windows=windows, on_event=on_event)
         report.print_distributed(found)
         write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
         for scratch in [*tmp.glob("*.npz"), *tmp.glob("engines")]:

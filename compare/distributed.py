@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from compare import runner
-from compare.tolerances import DATA_PARALLEL_ATOL
+from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
 from keras_side.config import HarData, versions
 from keras_side.spec import TrainConfig
@@ -30,14 +30,13 @@ from keras_side.spec import TrainConfig
 ENGINES = ("torch", "jax", "tensorflow")
 
 
-RUNTIMES = {"torch": "DDP, N processes", "jax": "jax.distributed, N processes",
-            "tensorflow": "MirroredStrategy, N replicas"}
+RUNTIMES = {"torch": "DDP, N procs", "jax": "jax.distributed, N procs", "tensorflow": "Mirrored, N replicas"}
 
 
-def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str):
+def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str, *extra: str):
     """The engine's own launcher as a command, so that this process never imports Keras (its backend is fixed at
     the first import): torchrun for torch, `python -m native.jax.sharded --processes N` for JAX."""
-    args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build]
+    args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build, *extra]
     if engine == "torch":
         command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
                    "-m", "native.torch.ddp", *args]
@@ -55,8 +54,11 @@ def _weights(path: Path) -> tuple[list[np.ndarray], float]:
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, folder: Path,
-        build: str = "keras_side.models:har", on_event=lambda engine, event: None) -> dict:
-    """Every engine once in one process and once in `processes`; the JSON of `distributed.json`."""
+        build: str = "keras_side.models:har", windows: dict | None = None,
+        on_event=lambda engine, event: None) -> dict:
+    """Every engine once in one process and once in `processes`; with `windows` (the walk-forward's model inputs:
+    x, y, rows, x_next), JAX's walk-forward too, its model axis over 1 and `processes` processes. The JSON of
+    `distributed.json`."""
     cfg = cfg.replace(batch_order="numpy", validate=False)  # the same global batches everywhere
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
@@ -91,8 +93,36 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
                          "launch_seconds": wall}
+    if windows is not None and "jax" in engines and "jax" not in incomplete:
+        found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
+        if found["walk-forward"] is None:
+            del found["walk-forward"]
     return {"processes": processes, "engines": found, "incomplete": incomplete, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
+
+
+def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path, incomplete: dict) -> dict | None:
+    """Every walk-forward model trained at once with the model axis split over 1 and `processes` JAX processes:
+    the same forecasts (each model's arithmetic is its own), and models per second of each."""
+    np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
+    config, found = {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size,
+                     "learning_rate": cfg.learning_rate}, {}
+    for count in (1, processes):
+        out = folder / f"walk-forward-{count}.npz"
+        launched = _launch("jax", count, folder / "windows.npz", out, config, "keras_side.models:har",
+                           "--walk-forward")
+        if launched.returncode != 0:
+            lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
+            incomplete["walk-forward"] = f"{count} processes failed: " + (lines[-1] if lines else "no output")
+            return None
+        with np.load(out) as z:
+            found[count] = (z["forecasts"], float(z["seconds"]))
+    models = int((windows["rows"] > 0).sum())
+    gap = float(np.max(np.abs(found[1][0].astype(np.float64) - found[processes][0]), initial=0.0))
+    return {"check": "data_parallel/walk-forward", "runtime": "jax.distributed, N procs",
+            "gap": gap, "tolerance": SHARDED_ATOL, "passed": gap <= SHARDED_ATOL,
+            "seconds": {str(c): s for c, (_, s) in found.items()},
+            "samples_per_s": {str(c): models / s for c, (_, s) in found.items()}, "unit": "models/s"}
 
 
 def passed(report: dict) -> bool:

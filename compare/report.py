@@ -215,16 +215,17 @@ def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) 
 
 def print_distributed(found: dict) -> None:
     """Per engine: the N-process run's largest weight gap to one process (✓ within the tolerance), and the
-    throughput of each."""
+    throughput of each (training samples per second; walk-forward models per second)."""
     n = str(found["processes"])
-    table = Table("check", "max |Δw|", "tolerance", "samples/s, 1", f"samples/s, {n}", "ratio", "runtime",
+    table = Table("check", "max |Δ|", "tolerance", "1 process", f"{n} processes", "unit", "ratio", "runtime",
                   title=f"data parallel: {n} processes against 1, the same global batches ({found['samples']:,} "
                   "training samples)", title_justify="left")
     for engine, row in found["engines"].items():
         mark = "[green]✓[/green]" if row["passed"] else "[red]✗[/red]"
         one, many = row["samples_per_s"]["1"], row["samples_per_s"][n]
+        unit = row.get("unit", "samples/s")
         table.add_row(row["check"], f"{mark} {row['gap']:.1e}", f"{row['tolerance']:g}", f"{one:,.0f}",
-                      f"{many:,.0f}", f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))
+                      f"{many:,.0f}", unit, f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))
     console().print(table)
     for engine, why in found["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")

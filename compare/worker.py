@@ -197,31 +197,16 @@ def walk_forward(request: dict, send) -> dict:
 
 
 def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
-    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}."""
+    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}.
+    Timed as the median of a few runs of the compiled trainer."""
     import jax
 
     from native.jax import many as jax_many
 
     model, found = models.har(), {}
-    groups, refits = w["rows"].shape
-    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), groups * refits)))
-    keys = keys.reshape(groups, refits, -1)
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        pad = (-refits) % count  # the model axis must split evenly: add empty windows (rows 0), drop them after
-        grow = lambda a: np.concatenate([a, a[:, :1].repeat(pad, axis=1)], axis=1)  # noqa: E731
-        rows = np.concatenate([w["rows"], np.zeros((groups, pad), w["rows"].dtype)], axis=1)
-        start = time.perf_counter()
-        compiled, args = jax_many.train_many(model, w["x"], w["y"], rows, jax.random.wrap_key_data(grow(keys)), cfg,
-                                             devices=jax.devices()[:count])
-        compile_seconds = time.perf_counter() - start
-        seconds = []
-        for _ in range(WALK_FORWARD_REPEATS):
-            start = time.perf_counter()
-            params = jax.block_until_ready(compiled(*args))
-            seconds.append(time.perf_counter() - start)
-        seconds = float(np.median(seconds))
-        params = [np.asarray(p)[:, :refits] for p in params]
-        pred = jax_many.predict_many(model, params, w["x_next"])[..., 0]
+        pred, seconds, compile_seconds = jax_many.forecasts(model, w, cfg, jax.devices()[:count],
+                                                            repeats=WALK_FORWARD_REPEATS)
         found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count)
     return found
 

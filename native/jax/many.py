@@ -107,9 +107,49 @@ def train_many(model, x, y, rows, keys, cfg: TrainConfig, *, devices=None):
     if devices is not None and len(devices) > 1:
         mesh = Mesh(np.asarray(devices), ("models",))
         per_model, shared = NamedSharding(mesh, PartitionSpec(None, "models")), NamedSharding(mesh, PartitionSpec())
-        args = (jax.device_put(args[0], per_model), *jax.device_put(args[1:3], shared),
-                jax.device_put(args[3], per_model), jax.device_put(args[4], shared))
+        # Global arrays, each process filling the shards of its own devices: the same code on one process's
+        # devices and across jax.distributed processes (each holds every input whole; they are small).
+        args = (jax.tree.map(lambda a: _place(a, per_model), args[0]), _place(args[1], shared),
+                _place(args[2], shared), _place(args[3], per_model), _place(args[4], shared))
     return jax.jit(fit_many).lower(*args).compile(), args
+
+
+def _place(array, sharding: NamedSharding) -> jax.Array:
+    if jnp.issubdtype(array.dtype, jax.dtypes.prng_key):  # a typed key: place its raw data, wrap it again
+        return jax.random.wrap_key_data(_place(jax.random.key_data(array), sharding))
+    host = np.asarray(array)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def forecasts(model, w: dict, cfg: TrainConfig, devices, repeats: int = 1) -> tuple[np.ndarray, float, float]:
+    """Every walk-forward model of the windows `w` (x, y, rows, x_next), trained at once with the model axis sharded
+    over `devices` (one process's, or every process's after jax.distributed.initialize): (forecasts, seconds (the
+    median of `repeats` runs of the compiled trainer), compile seconds). Each model's key comes from the seed alone,
+    so the forecasts do not depend on the devices."""
+    import time
+
+    groups, refits = w["rows"].shape
+    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), groups * refits)))
+    keys = keys.reshape(groups, refits, -1)
+    pad = (-refits) % len(devices)  # the model axis must split evenly: add empty windows (rows 0), drop them after
+    grow = lambda a: np.concatenate([a, a[:, :1].repeat(pad, axis=1)], axis=1)  # noqa: E731
+    rows = np.concatenate([w["rows"], np.zeros((groups, pad), w["rows"].dtype)], axis=1)
+    start = time.perf_counter()
+    compiled, args = train_many(model, w["x"], w["y"], rows, jax.random.wrap_key_data(grow(keys)), cfg,
+                                devices=devices)
+    compile_seconds = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        params = jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    seconds = float(np.median(times))
+    if jax.process_count() > 1:  # each process holds its devices' models: gather them all
+        from jax.experimental import multihost_utils
+
+        params = multihost_utils.process_allgather(params, tiled=True)
+    params = [np.asarray(p)[:, :refits] for p in params]
+    return predict_many(model, params, w["x_next"])[..., 0], seconds, compile_seconds
 
 
 def predict_many(model, params, x) -> np.ndarray:

@@ -97,8 +97,21 @@ def _process(args) -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id,
                                initialization_timeout=JOIN_TIMEOUT_S)
-    data = HarData.load(Path(args.data))
     cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    if args.walk_forward:  # every walk-forward model, the model axis sharded over every process's device
+        from keras_side import models
+        from native.jax import many
+
+        with np.load(args.data) as z:
+            windows = dict(z)
+        pred, seconds, _ = many.forecasts(models.har(), windows, cfg, jax.devices())
+        if jax.process_index() == 0:
+            tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
+            np.savez(tmp, seconds=seconds, forecasts=pred)
+            os.replace(tmp, args.out)
+        jax.distributed.shutdown()
+        return 0
+    data = HarData.load(Path(args.data))
     seed_everything(cfg.seed)
     model = ensure_built(resolve(args.build)(), data.x_train)
     start = time.perf_counter()
@@ -113,7 +126,7 @@ def _process(args) -> int:
 
 
 def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,
-           port: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+           walk_forward: bool = False, port: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Start `processes` Python processes on this host, one CPU device each, joined by jax.distributed; wait for all.
     The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
     its result is returned (else process 0's, with every process's stderr)."""
@@ -122,7 +135,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "xla_force_host_platform_device_count" not in f)  # one device per process
     common = ["--coordinator", f"127.0.0.1:{port}", "--processes", str(processes), "--data", str(data), "--out",
-              str(out), "--config", json.dumps(config), "--build", build]
+              str(out), "--config", json.dumps(config), "--build", build, *(["--walk-forward"] if walk_forward else [])]
     with tempfile.TemporaryDirectory(prefix="jax-processes-") as logs:
         procs = []
         try:
@@ -162,10 +175,13 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
     parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
     parser.add_argument("--out", required=True, help="where process 0 writes the trained weights (.npz)")
+    parser.add_argument("--walk-forward", action="store_true", help="--data is the walk-forward's windows (x, y, "
+                        "rows, x_next): train every model, the model axis over the processes; --out gets forecasts")
     args = parser.parse_args(argv)
     if args.process_id is not None:
         return _process(args)
-    result = launch(args.processes, Path(args.data), Path(args.out), json.loads(args.config), args.build)
+    result = launch(args.processes, Path(args.data), Path(args.out), json.loads(args.config), args.build,
+                    walk_forward=args.walk_forward)
     sys.stderr.write(result.stderr[-3000:] if result.returncode else "")
     return result.returncode
 

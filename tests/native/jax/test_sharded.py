@@ -71,3 +71,23 @@ def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
     """Keras 3.15.1 shards each batch evenly or fails inside jax (IndivisibleError); the check says so first."""
     with pytest.raises(SpecError, match="a training batch of 63 rows does not split"):
         sharded.fit_train(resolve("keras_side.models:har"), har, CFG)
+
+
+def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(panel, tmp_path):
+    """Every walk-forward refit of two assets, the model axis split over two jax.distributed processes (one device
+    each): the forecasts one device gives, model for model (each model's key comes from the seed alone)."""
+    from compare import walk_forward
+    from compare.tolerances import SHARDED_ATOL
+    from keras_side import models
+    from native.jax import many
+
+    windows = walk_forward.build_windows(panel, ["bono", "indice"], "2018-01-01", None).model_inputs()
+    np.savez(tmp_path / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
+    spec = {"epochs": 2}
+    result = sharded.launch(2, tmp_path / "windows.npz", tmp_path / "out.npz", spec, walk_forward=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(tmp_path / "out.npz") as z:
+        across = z["forecasts"]
+    alone, _, _ = many.forecasts(models.har(), windows, TrainConfig(**spec), jax.devices()[:1])
+    assert across.shape == alone.shape
+    np.testing.assert_allclose(across, alone, atol=SHARDED_ATOL, rtol=0)
