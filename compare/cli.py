@@ -6,6 +6,7 @@ exit with code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -98,8 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run, replicas on "
                    "TensorFlow (default: %(default)s; at most one per core)")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
-    p.add_argument("--model", default="har", help="a zoo model trained on the HAR's data (default: %(default)s): "
-                   "har, mlp_l2, bn_mlp, dropout_mlp")
+    p.add_argument("--model", default="har", help="har or mlp_l2 (default: %(default)s)")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "
@@ -137,18 +137,28 @@ STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _stop(signum, frame):
-    """The first Ctrl-C or SIGTERM stops the run where it is; the ones after it are ignored, so that the stopping it
-    starts (workers killed and waited for, temporary folders removed) is not itself cut short: a second Ctrl-C,
-    pressed while the run cleans up, would leave a worker or a half-written folder behind."""
+    """The first Ctrl-C or SIGTERM stops the run where it is. The next one does not cut that stopping short (workers
+    killed and waited for, temporary folders removed: cut short, it would leave a worker or a half-written folder
+    behind); it says what is going on. The one after that quits at once, whatever is left."""
     for stop in STOPS:
-        signal.signal(stop, signal.SIG_IGN)
+        signal.signal(stop, _stopping)
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+def _stopping(signum, frame):
+    _stopping.presses = getattr(_stopping, "presses", 0) + 1
+    if _stopping.presses == 1:
+        print("native-loops: stopping the workers and removing temporary folders; once more to quit at once",
+              file=sys.stderr, flush=True)
+    else:
+        os._exit(130 if signum == signal.SIGINT else 143)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     handles = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
     previous = {s: signal.signal(s, _stop) for s in STOPS} if handles else {}
+    _stopping.presses = 0
     try:
         return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:

@@ -303,10 +303,10 @@ def distributed(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
                                "from --engines")
     entry = zoo_matrix.ZOO.get(args.model)
-    if entry is None or entry.data != "har":
-        har_models = [m for m, e in zoo_matrix.ZOO.items() if e.data == "har"]
-        raise NativeLoopsError(f"--model must be a zoo model of the HAR's data ({', '.join(har_models)}), got "
-                               f"{args.model!r}")
+    if args.model not in dist.MODELS:
+        raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}: the zoo's "
+                               "other models have BatchNorm or Dropout, whose state each process keeps its own, or "
+                               "data other than the HAR's")
     cfg = train_config(args).replace(**entry.spec)
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)
@@ -321,7 +321,7 @@ def distributed(args: argparse.Namespace) -> int:
                              windows=windows, on_event=on_event)
         report.print_distributed(found)
         write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
-        for scratch in [*tmp.glob("*.npz"), *tmp.glob("engines")]:
+        for scratch in [*tmp.glob("*.npz"), *tmp.glob("*.log"), *tmp.glob("engines")]:
             shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
     report.console().print(f"report: {out}/distributed.json")
     if found["incomplete"]:

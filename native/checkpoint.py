@@ -8,16 +8,19 @@ This module is the engine-free part: the folder, what it records and the checks 
 (`torch.save`, an orbax pytree checkpoint, `tf.train.Checkpoint`). A checkpoint is one folder per epoch,
 
     DIR/epoch-0003/   model.weights.h5  the Keras weights, portable: any engine's model loads them
-                      state.json        the epoch, the spec, the model's variables, the curves so far, seed, versions
+                      state.json        the epoch, the spec, the model's variables, the data's fingerprint, the
+                                        curves so far, seed, versions
                       engine/...        the engine's own files: the optimizer's state, every variable (a random
                                         layer's seed state too, which .weights.h5 does not hold)
 
 written as a hidden temporary folder and renamed into place once complete, so a run killed at any moment leaves its
-last complete epoch; the older one is removed after the newer one is in place. The batch order of every epoch is a
-function of the seed, so a resumed run draws the epochs it has left exactly as the uninterrupted run would.
+last complete epoch (the older one is renamed out of sight, then removed, once the newer one is in place). The
+batch order of every epoch is a function of the seed and the data, both part of what a resume must match, so a
+resumed run draws the epochs it has left exactly as the uninterrupted run would.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -45,13 +48,26 @@ class Saved:
     state: dict
 
 
-def _identity(model, cfg: TrainConfig, engine: str, path: str) -> dict:
+def _identity(model, data, cfg: TrainConfig, engine: str, path: str) -> dict:
     """What must match to resume: the engine, the path, the model (its variables' names, shapes and dtypes, in
-    order: not the layers' auto-numbered names, which depend on what the process built before) and the spec (all
-    but `epochs`)."""
+    order: not the layers' auto-numbered names, which depend on what the process built before), the training data
+    (a SHA-256 of its arrays: the batch orders depend on it) and the spec (all but `epochs`)."""
     spec = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k != "epochs"}
+    digest = hashlib.sha256()
+    for array in _arrays(data.x_train) + _arrays(data.y_train) + _arrays(data.w_train):
+        digest.update(str((array.shape, array.dtype.str)).encode())
+        digest.update(memoryview(array).cast("B"))
     return {"engine": engine, "path": path,
-            "model": [[v.name, list(v.shape), str(v.dtype)] for v in model.variables], "spec": spec}
+            "model": [[v.name, list(v.shape), str(v.dtype)] for v in model.variables],
+            "data": f"{data.n_train} rows, sha256 {digest.hexdigest()[:16]}", "spec": spec}
+
+
+def _arrays(a) -> list:
+    import numpy as np
+
+    if a is None:
+        return []
+    return [np.ascontiguousarray(p) for p in (a if isinstance(a, tuple) else (a,))]
 
 
 def completed(root: Path) -> list[tuple[int, Path]]:
@@ -67,17 +83,15 @@ class Checkpoints:
     overwritten); `resume=True` reads the last one (none yet: the run starts from scratch) and checks it is this
     run's: the same engine, path, model and spec (`epochs` may grow)."""
 
-    def __init__(self, root, model, cfg: TrainConfig, engine: str, path: str, *, resume: bool = False):
+    def __init__(self, root, model, data, cfg: TrainConfig, engine: str, path: str, *, resume: bool = False):
         if cfg.patience is not None:
             raise SpecError("checkpoints do not carry early stopping's state (its best weights); drop patience or "
                             "the checkpoint")
         self.root, self.cfg = Path(root), cfg
-        self.identity = _identity(model, cfg, engine, path)
+        self.identity = _identity(model, data, cfg, engine, path)
         if self.root.exists() and not self.root.is_dir():
             raise CheckpointError(f"checkpoint folder {self.root} is a file; give a folder")
         found = completed(self.root)
-        for leftover in self.root.glob(".epoch-*.tmp-*") if resume else ():
-            shutil.rmtree(leftover, ignore_errors=True)  # a write a killed run did not finish: never a checkpoint
         self.saved = None
         if found and not resume:
             raise CheckpointError(f"{self.root} holds the checkpoints of a run (epoch {found[-1][0]}); pass resume "
@@ -90,10 +104,12 @@ class Checkpoints:
             state = json.loads((folder / "state.json").read_text())
             if state.get("format") != FORMAT or state.get("epoch") != epoch:
                 raise ValueError("unknown format")
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {folder} is damaged ({type(err).__name__}); remove that folder to "
-                                  "resume from an earlier one, or start afresh in an empty folder") from None
-        for key in ("engine", "path", "model"):
+            if not all(key in state for key in (*self.identity, "curves")):
+                raise KeyError("a field is missing")
+        except (OSError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint {folder} is damaged ({type(err).__name__}); start afresh in an empty "
+                                  "folder") from None
+        for key in ("engine", "path", "model", "data"):
             if state[key] != self.identity[key]:
                 raise CheckpointError(f"checkpoint {folder} is of another {key} ({_short(state[key])}, this run: "
                                       f"{_short(self.identity[key])}); resume with the same {key}, or give an "
@@ -120,8 +136,13 @@ class Checkpoints:
         keeps them: a fresh copy, which the loop appends to."""
         return json.loads(json.dumps(self.saved.state["curves"])) if self.saved else fresh_curves()
 
-    def engine_folder(self) -> Path:
-        return self.saved.folder / "engine"
+    def restore(self, read) -> None:
+        """`read(folder)` the engine's files of the saved epoch; any failure there is a damaged checkpoint."""
+        try:
+            read(self.saved.folder / "engine")
+        except Exception as err:  # each engine's reader raises its own kinds: a missing file, a bad one, a mismatch
+            raise CheckpointError(f"checkpoint {self.saved.folder} is damaged: its engine state cannot be read "
+                                  f"({type(err).__name__}); start afresh in an empty folder") from None
 
     def save(self, epoch: int, model, curves: dict, write_engine) -> Path:
         """Write epoch `epoch` (epochs done) completely, then put it in place and drop the older ones.
@@ -129,7 +150,8 @@ class Checkpoints:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"epoch-{epoch:04d}"
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of this process id: never a complete checkpoint
+        for leftover in self.root.glob(".epoch-*"):  # a write or a removal a killed run did not finish; only once
+            shutil.rmtree(leftover, ignore_errors=True)  # this run writes, so a refused resume changes nothing
         try:
             tmp.mkdir()
             model.save_weights(str(tmp / "model.weights.h5"))
@@ -143,8 +165,10 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         for older, folder in completed(self.root):
-            if older < epoch:
-                shutil.rmtree(folder, ignore_errors=True)
+            if older < epoch:  # out of sight first: a kill while it is being removed leaves no half epoch in view
+                trash = self.root / f".{folder.name}.old-{os.getpid()}"
+                os.rename(folder, trash)
+                shutil.rmtree(trash, ignore_errors=True)
         return final
 
 

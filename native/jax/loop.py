@@ -127,9 +127,11 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
-    saved = Checkpoints(checkpoint, model, cfg, "jax", "jax-native", resume=resume) if checkpoint else None
+    saved = Checkpoints(checkpoint, model, data, cfg, "jax", "jax-native", resume=resume) if checkpoint else None
     if saved and saved.saved:
-        state = jax_checkpoint.read(saved.engine_folder(), state)
+        restored = []
+        saved.restore(lambda folder: restored.append(jax_checkpoint.read(folder, state)))
+        state = restored[0]
     train_xy = jax.tree.map(jnp.asarray, (data.x_train, data.y_train))
     if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
         train_xy += (jnp.asarray(data.w_train),)

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -27,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, take
-from keras_side.spec import TrainConfig, training_loss
+from keras_side.spec import SpecError, TrainConfig, training_loss
 from native.jax import loop, optim
 
 # jax.distributed's coordinator waits this long for every process to join, and a collective for every process to
@@ -45,6 +47,8 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarr
     """The native loop's step over a mesh of `devices` (default: every device of every process); returns the trained
     weights, the same on every process. The batch order is the shared NumPy one, so every process cuts the same
     global batches."""
+    if data.w_train is not None:
+        raise SpecError("the data-parallel loop takes no sample weights; train without them")
     devices = list(devices or jax.devices())
     mesh = Mesh(np.asarray(devices), ("batch",))
     replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
@@ -71,7 +75,6 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
 
     from keras_side import fit
     from keras_side.models import ensure_built
-    from keras_side.spec import SpecError
 
     devices = list(devices or jax.devices())
     sizes = {"training": [r.stop - r.start for r in batch_slices(data.n_train, cfg.batch_size)],
@@ -89,7 +92,17 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
 
 
 def _process(args) -> int:
-    """One process of a `--processes N` run: join the others, train, and (process 0) write the weights."""
+    """One process of a `--processes N` run: join the others, train, and (process 0) write the weights. A failure
+    ends the process at once, with its traceback: `jax.distributed`'s shutdown would wait for the others first."""
+    try:
+        return _work(args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _work(args) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built
     from keras_side.spec import resolve
@@ -180,6 +193,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.process_id is not None:
         return _process(args)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # launch's cleanup stops the processes
     result = launch(args.processes, Path(args.data), Path(args.out), json.loads(args.config), args.build,
                     walk_forward=args.walk_forward)
     sys.stderr.write(result.stderr[-3000:] if result.returncode else "")

@@ -81,10 +81,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     ensure_built(model, data.x_train)
     optimizer, loss_fn, metrics = keras_optimizer(cfg), training_loss(cfg), EpochMetrics(cfg)
     optimizer.build(model.trainable_variables)
-    saved = Checkpoints(checkpoint, model, cfg, "tensorflow", "tensorflow-native", resume=resume) if checkpoint \
-        else None
+    saved = Checkpoints(checkpoint, model, data, cfg, "tensorflow", "tensorflow-native", resume=resume) \
+        if checkpoint else None
     if saved and saved.saved:
-        tf_checkpoint.read(saved.engine_folder(), model, optimizer)
+        saved.restore(lambda folder: tf_checkpoint.read(folder, model, optimizer))
     x, y = data.x_train, data.y_train
     start = time.perf_counter()
     step = make_step(model, loss_fn, optimizer, x, y, metrics, data.w_train)

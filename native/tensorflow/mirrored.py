@@ -42,6 +42,8 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     """The native loop's step on every replica of a MirroredStrategy over `devices`; `init`: the weights to start
     from (default: the model's seeded initializers). Returns the trained weights. The batch order is the shared
     NumPy one."""
+    if data.w_train is not None:
+        raise SpecError("the mirrored loop takes no sample weights; train without them")
     if cfg.clipnorm or cfg.global_clipnorm or cfg.clipvalue:
         raise SpecError("Keras clips each replica's gradient before the all-reduce sums them, which is not the "
                         "one-process clip; drop clipping for the mirrored loop")

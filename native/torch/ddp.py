@@ -11,10 +11,13 @@ applies the same update. Each shard's loss is weighted by its share of the globa
 average of the processes' gradients is the gradient of the global batch's mean loss even when the short last batch
 does not split evenly: the same step as one process, up to float32 rounding (`tests/native/torch/test_ddp.py`).
 
-BatchNorm: each process normalizes with its own shard's statistics and moves its own moving averages (DDP
-broadcasts buffers from rank 0 before each forward, so rank 0's averages win): training is not the one-process
-run's. Equal statistics need `torch.nn.SyncBatchNorm`'s all-reduce of the batch moments inside the layer, which a
-Keras BatchNormalization does not have; not built here.
+Weight penalties (kernel and bias regularizers) are added whole on every rank, and the average counts them once;
+an activity regularizer is a mean over each rank's own rows, so with uneven shards it is weighed as each rank's
+Keras layer weighs it (within the tolerance, not exact). BatchNorm and Dropout are not data-parallel-exact: Keras on
+torch holds a BatchNorm's moving statistics and a Dropout's seed state as Parameters without gradients, which DDP
+neither averages nor broadcasts, so each rank normalizes with its own shard's statistics, moves its own averages
+and draws the same masks for its own shard (rank 0's are the ones written). Equal statistics need the batch
+moments all-reduced inside the layer, as `torch.nn.SyncBatchNorm` does for torch's own BatchNorm; not built here.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, shard, take
-from keras_side.spec import TrainConfig
+from keras_side.spec import SpecError, TrainConfig
 from native.torch import optim
 from native.torch.loop import spec_loss
 
@@ -46,9 +49,11 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     """Train on this process's shard of every global batch; the process group must be initialized. Returns the
     trained weights (the same on every rank). The batch order is the shared NumPy one, so every rank cuts the same
     global batches."""
+    if data.w_train is not None:
+        raise SpecError("the data-parallel loop takes no sample weights; train without them")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else None
-    ddp = DistributedDataParallel(model, device_ids=[device] if device else None)  # rank 0's weights to every rank
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
+    ddp = DistributedDataParallel(model, device_ids=[device] if device is not None else None)  # rank 0's weights
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
     x, y = data.x_train, data.y_train
@@ -96,6 +101,8 @@ def main(argv=None) -> int:
     from keras_side.spec import resolve
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():  # before the model: Keras puts its variables on the current device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
         data = HarData.load(Path(args.data))

@@ -18,6 +18,9 @@ def stable_keys(model):
     """Install `state_dict` and `load_state_dict` hooks on a Keras model (a torch module on this backend) so that it
     saves and loads every variable once, under "<index>.<name>" (a random layer's seed state included, which the
     model's own `state_dict` leaves out). A state dict with the model's own keys still loads. Returns the model."""
+    if not model.built:
+        raise ValueError(f"stable_keys needs a built model (its variables exist once it is built); build "
+                         f"{model.name!r} first, e.g. with keras.Input or model.build(input_shape)")
     variables = list(model.variables)
     keys = [f"{i}.{v.name}" for i, v in enumerate(variables)]
     index = {id(v.value): i for i, v in enumerate(variables)}

@@ -103,9 +103,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
     name = "torch-native-compile" if compile else "torch-native"
-    saved = Checkpoints(checkpoint, model, cfg, "torch", name, resume=resume) if checkpoint else None
+    saved = Checkpoints(checkpoint, model, data, cfg, "torch", name, resume=resume) if checkpoint else None
     if saved and saved.saved:
-        torch_checkpoint.read(saved.engine_folder(), model, optimizer, scheduler)
+        saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
     x, y = _tensors(data.x_train, device), _tensors(data.y_train, device)
     with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
         outputs = _forward(model, take(x, slice(0, 1)), training=False)

@@ -3,6 +3,7 @@ resumed, ends bit-identical to the run that was never stopped; a checkpoint of a
 one clear error, and the folder stays as it was."""
 import json
 import os
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -83,21 +84,30 @@ def snapshot(folder):
     (lambda: dict(build=lambda: __import__("keras_side.models").models.har()), "is of another model"),
     (lambda: dict(cfg=CFG.replace(epochs=1)), "is at epoch 2, past this run's 1 epochs"),
     (lambda: dict(resume=False), "holds the checkpoints of a run \\(epoch 2\\); pass resume"),
-    (lambda: dict(damage=True), "is damaged \\(JSONDecodeError\\); remove that folder"),
+    (lambda: dict(damage=True), "is damaged \\(JSONDecodeError\\); start afresh"),
+    (lambda: dict(damage="engine"), "is damaged: its engine state cannot be read"),
+    (lambda: dict(data="fewer rows"), 'is of another data \\("2263 rows, sha256 .*this run: "2000 rows'),
 ])
 def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, change, message):
     folder = tmp_path / "c"
     seed_everything(CFG.seed)
     PATH.train(stateful_mlp(), har, CFG.replace(epochs=2), checkpoint=folder)
     options = change()
-    if options.pop("damage", False):
+    damage = options.pop("damage", None)
+    if damage == "engine":
+        for f in (folder / "epoch-0002" / "engine").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"damaged")
+    elif damage:
         (folder / "epoch-0002" / "state.json").write_text("{not json")
-    before = snapshot(folder)
+    (folder / ".epoch-0003.tmp-1").mkdir()  # a write a killed run left: a refused resume leaves it too
+    before = snapshot(folder), sorted(p.name for p in folder.iterdir())
     build, cfg = options.pop("build", stateful_mlp), options.pop("cfg", CFG)
+    data = replace(har, x_train=har.x_train[:2000], y_train=har.y_train[:2000]) if options.pop("data", None) else har
     with pytest.raises(CheckpointError, match=message):
         seed_everything(CFG.seed)
-        PATH.train(build(), har, cfg, checkpoint=folder, **{"resume": True, **options})
-    assert snapshot(folder) == before
+        PATH.train(build(), data, cfg, checkpoint=folder, **{"resume": True, **options})
+    assert (snapshot(folder), sorted(p.name for p in folder.iterdir())) == before
 
 
 def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
