@@ -28,11 +28,14 @@ TRAINING = {"epochs": 1, "batch_size": 16}
 
 
 def torch_step(model, optimizer, x, y):
-    """The plain torch step `loop_parity` times (the one docs/parity.md shows)."""
+    """The step of a torch codebase, which `loop_parity` times: forward, MSE plus the model's own losses, backward,
+    step (the tests' own loops use it too)."""
     import torch
 
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x, training=True), y)
+    if model.losses:
+        loss = loss + sum(model.losses)
     loss.backward()
     optimizer.step()
     return loss

@@ -1,18 +1,8 @@
 """Users' own training steps for the loop-parity tests: one per engine that equals `fit`, and planted faults. Each
 engine's worker imports this module, so engine imports stay inside the functions."""
+from compare.parity import timing
 
-
-def torch_step(model, optimizer, x, y):
-    """The step of a torch codebase: forward, MSE plus the model's own losses, backward, step."""
-    import torch
-
-    optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x, training=True), y)
-    if model.losses:
-        loss = loss + sum(model.losses)
-    loss.backward()
-    optimizer.step()
-    return loss
+torch_step = timing.torch_step  # the step of a torch codebase, which equals fit
 
 
 def torch_step_without_model_losses(model, optimizer, x, y):
