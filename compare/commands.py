@@ -307,13 +307,14 @@ def distributed(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}: the zoo's "
                                "other models have BatchNorm or Dropout, whose state each process keeps its own, or "
                                "data other than the HAR's")
-    cfg = train_config(args).replace(**entry.spec)
+    cfg = train_config(args).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)
-    prepared, _ = prepare_har(args, panel, source)
+    prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
+                                     validation=args.validation, source=source)
     check_epochs(cfg, prepared.n_train)
-    # JAX's walk-forward across processes too: every refit of every asset, the model axis split over them
+    # With the HAR, JAX's walk-forward across processes too: every refit of every asset, the model axis over them
     windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end).model_inputs() \
-        if "jax" in engines else None
+        if "jax" in engines and args.model == "har" else None
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:

@@ -31,7 +31,7 @@ from keras_side.spec import TrainConfig
 ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models on the HAR's data without per-process state: BatchNorm's statistics and Dropout's seed state are
 # each process's own under data parallelism (docs/distributed.md), so those models would part by design.
-MODELS = ("har", "mlp_l2")
+MODELS = ("har", "mlp_l2", "lstm", "conv1d", "two_horizons", "classifier", "panel")
 
 
 STOP_WAIT_S = 30  # how long a stopped launcher may take to stop its own processes before they are killed

@@ -55,13 +55,20 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
             model.set_weights(init)
         optimizer = keras_optimizer(cfg)
         optimizer.build(model.trainable_variables)
-    per_sample = keras_loss(cfg).call  # each sample's loss; the step scales their sum by the global batch
+    losses = keras_loss(cfg)
+    losses = losses if isinstance(losses, list) else [losses]  # one per output
+    weights = cfg.loss_weights or (1.0,) * len(losses)
+
+    def summed(yb, pred):
+        """The replica's rows' per-sample losses, summed, each output's times its weight (as compile weighs them)."""
+        ys, preds = (yb, pred) if len(losses) > 1 else ([yb], [pred])
+        return tf.add_n([w * tf.reduce_sum(loss.call(t, p)) for loss, w, t, p in zip(losses, weights, ys, preds)])
 
     @tf.function
     def step(x, y, global_size):
         def replica(xb, yb):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(per_sample(yb, model(xb, training=True))) / global_size
+                loss = summed(yb, model(xb, training=True)) / global_size  # the global batch's mean, in part
                 if model.losses:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
@@ -74,8 +81,8 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
             idx, size = order[rows], rows.stop - rows.start
             parts = [idx[shard(slice(0, size), r, replicas)] for r in range(replicas)]
             x, y = (strategy.experimental_distribute_values_from_function(
-                lambda ctx, a=a: tf.constant(keras_inputs(take(a, parts[ctx.replica_id_in_sync_group]))))
-                for a in (data.x_train, data.y_train))
+                lambda ctx, a=a: tf.nest.map_structure(tf.constant, keras_inputs(take(
+                    a, parts[ctx.replica_id_in_sync_group])))) for a in (data.x_train, data.y_train))
             step(x, y, tf.constant(size, tf.float32))
     return model.get_weights()
 

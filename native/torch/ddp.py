@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, shard, take
 from keras_side.spec import SpecError, TrainConfig
 from native.torch import optim
-from native.torch.loop import spec_loss
+from native.torch.loop import _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it.
@@ -61,10 +61,10 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
         for rows in batch_slices(data.n_train, cfg.batch_size):
             mine = order[rows][shard(slice(0, rows.stop - rows.start), rank, world)]
-            xb, yb = (torch.as_tensor(np.ascontiguousarray(a)) for a in (take(x, mine), take(y, mine)))
+            xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
             outputs = ddp(keras_inputs(xb), training=True)
             weight = len(mine) * world / (rows.stop - rows.start)  # this shard's share of the global batch's mean
-            loss = loss_fn(yb, outputs) * weight
+            loss = loss_fn(keras_inputs(yb), outputs) * weight
             loss = loss + sum(model.losses) if model.losses else loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here

@@ -24,11 +24,18 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     assert "data_parallel/torch" in capsys.readouterr().out
 
 
+def test_a_model_with_two_outputs_too(tmp_path):
+    """Several targets reach every engine's data-parallel loop (TensorFlow: each output's per-sample loss)."""
+    code = cli.main(["distributed", "--model", "two_horizons", "--epochs", "1", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "distributed.json").read_text())
+    assert code == 0 and set(report["engines"]) == {"torch", "jax", "tensorflow"}, report
+
+
 @pytest.mark.parametrize("args, message", [
     (["--processes", "0"], "--processes must be between 1 and this machine's"),
     (["--processes", "1000"], "--processes must be between 1 and this machine's"),
     (["--engines", "mxnet"], "unknown engine(s) mxnet"),
-    (["--model", "lstm"], "--model must be one of har, mlp_l2, got 'lstm'"),
+    (["--model", "resnet"], "--model must be one of har, mlp_l2, lstm, conv1d, two_horizons, classifier, panel"),
     (["--model", "bn_mlp"], "BatchNorm or Dropout, whose state each process keeps its own"),
     (["--epochs", "100000"], "ask for at most"),
 ])

@@ -179,7 +179,7 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
     (lambda t, lp: lp(parity_models.har, parity_loops.not_a_step, X, Y, engine="torch"),
      "could not run .*returned str; a torch step returns the batch loss"),
     (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine="jax"),
-     "could not run .*jax: TypeError: tests.compare.parity_loops:torch_step cannot be called as jax calls a step: "
+     "could not run .*jax: TypeError: compare.parity.timing:torch_step cannot be called as jax calls a step: "
      "make_step\\(model, optimizer\\)"),
 ])
 def test_bad_arguments_are_one_clear_error(training_parity, loop_parity, call, message):
