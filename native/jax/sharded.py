@@ -167,7 +167,8 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                     proc.kill()
                 proc.wait()
         chosen = failed or procs[0]
-        text = "".join(f"--- process {i}\n" + (Path(logs) / f"{i}.log").read_text() for i in range(len(procs)))
+        text = "".join(f"--- process {i} (exit {p.returncode})\n" + (Path(logs) / f"{i}.log").read_text()
+                       for i, p in enumerate(procs))
         return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
 
 

@@ -8,11 +8,59 @@ from keras_side import models
 
 
 def dies_in_the_second_process():
-    second = os.environ.get("RANK") == "1"
+    if _second_process():
+        os._exit(3)
+    return models.har()
+
+
+def _second_process() -> bool:
     if keras.config.backend() == "jax":
         import jax
 
-        second = jax.process_index() == 1
-    if second:
-        os._exit(3)
-    return models.har()
+        return jax.process_index() == 1
+    return os.environ.get("RANK") == "1"
+
+
+class DiesMidRun(keras.layers.Layer):
+    """The identity, except that in the second process the 5th training step ends the process: a rank that crashes
+    in the middle of a run, while the others wait for it in a collective. On JAX the step is compiled, so the count
+    runs on the host through `jax.debug.callback`, once per step and device."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.second, self.steps = _second_process(), [0]
+
+    def _tick(self, *shard):
+        self.steps[0] += 1
+        if self.second and self.steps[0] == 5:
+            os._exit(3)
+
+    def call(self, x, training=None):
+        if training:
+            if keras.config.backend() == "jax":
+                import jax
+
+                # Every process compiles the same program; `partitioned` runs the callback on each device's own
+                # shard, so in its own process (unpartitioned, only the first device's process would run it).
+                jax.debug.callback(self._tick, x, partitioned=True)
+            else:
+                self._tick()
+        return x
+
+
+def dies_mid_run():
+    return keras.Sequential([keras.Input((3,)), DiesMidRun(name="fault"), keras.layers.Dense(1, name="out")])
+
+
+def processes_naming(path) -> list[str]:
+    """The live processes whose command line names `path` (a test's folder): none may outlive a launch."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if str(path).encode() in f.read():
+                        found.append(entry)
+            except OSError:  # ended while we looked
+                pass
+    return found

@@ -13,6 +13,7 @@ from keras_side.spec import TrainConfig, resolve
 from native.torch import ddp
 from native.torch import loop as torch_loop
 from tests.conftest import REPO
+from tests.native import faults
 
 # 2,263 training days in batches of 100: the short last batch (63 rows) splits 32/31, the uneven case.
 SPEC = {"epochs": 2, "batch_size": 100}
@@ -37,12 +38,16 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
-def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path):
+@pytest.mark.parametrize("build", ["dies_in_the_second_process", "dies_mid_run"])
+def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path, build):
+    """Rank 1 dies while building the model, or at its 5th step while rank 0 waits for it in an all-reduce:
+    torchrun stops rank 0, names the failed rank, and no process of the launch is left."""
     har.save(tmp_path / "data.npz")
-    proc = launch(tmp_path, "tests.native.faults:dies_in_the_second_process")
+    proc = launch(tmp_path, f"tests.native.faults:{build}")
     assert proc.returncode != 0
-    assert "exitcode  : 3" in proc.stderr or "exit code 3" in proc.stderr.lower(), proc.stderr[-3000:]
+    assert "exitcode  : 3" in proc.stderr and "rank      : 1" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "weights.npz").exists()
+    assert faults.processes_naming(tmp_path) == []
 
 
 @pytest.mark.parametrize("size, world, shards", [(63, 2, [32, 31]), (100, 2, [50, 50]), (5, 3, [2, 2, 1])])
