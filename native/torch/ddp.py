@@ -41,8 +41,8 @@ from native.torch import optim
 from native.torch.loop import _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
-# hang: a rank that died or hangs is reported within it.
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+# hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", 60)))
 
 
 def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:

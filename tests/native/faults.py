@@ -33,7 +33,10 @@ class DiesMidRun(keras.layers.Layer):
     def _tick(self, *shard):
         self.steps[0] += 1
         if self.second and self.steps[0] == 5:
-            os._exit(3)
+            self.fault()
+
+    def fault(self):
+        os._exit(3)
 
     def call(self, x, training=None):
         if training:
@@ -50,6 +53,20 @@ class DiesMidRun(keras.layers.Layer):
 
 def dies_mid_run():
     return keras.Sequential([keras.Input((3,)), DiesMidRun(name="fault"), keras.layers.Dense(1, name="out")])
+
+
+class HangsMidRun(DiesMidRun):
+    """The same, except that the second process hangs at its 5th step instead: only a collective's timeout ends
+    the run."""
+
+    def fault(self):
+        import threading
+
+        threading.Event().wait()  # forever
+
+
+def hangs_mid_run():
+    return keras.Sequential([keras.Input((3,)), HangsMidRun(name="fault"), keras.layers.Dense(1, name="out")])
 
 
 def processes_naming(path) -> list[str]:

@@ -55,3 +55,15 @@ def test_a_global_batch_is_cut_into_contiguous_shards(size, world, shards):
     cut = [shard(slice(0, size), r, world) for r in range(world)]
     assert [s.stop - s.start for s in cut] == shards and cut[0].start == 0 and cut[-1].stop == size
     assert all(a.stop == b.start for a, b in zip(cut, cut[1:]))
+
+
+def test_a_rank_that_hangs_ends_the_launch_at_the_collective_timeout(har, tmp_path):
+    """Rank 1 hangs at its 5th step: rank 0's all-reduce gives up at the process group's timeout (10 s here, 60 s by
+    default), its error ends the launch, and torchrun stops the hung rank. The test waits for the launch to end,
+    however long that takes: the timeout bounds it, the test asserts no time."""
+    har.save(tmp_path / "data.npz")
+    proc = ddp.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC, "tests.native.faults:hangs_mid_run",
+                      env={"PYTHONPATH": str(REPO), "NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S": "10"})
+    assert proc.returncode != 0 and "Timed out waiting 10000ms" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "weights.npz").exists()
+    assert faults.processes_naming(tmp_path) == []
