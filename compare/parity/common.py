@@ -96,6 +96,14 @@ def _phase(cmd: str, request: dict) -> str:
     return f"{kind} float64" if request.get("float64") else kind
 
 
+def require_live(pool, engines) -> None:
+    """One ParityError naming every engine of `engines` the pool cannot serve, and why."""
+    missing = [e for e in engines if e not in pool.live]
+    if missing:
+        raise ParityError(f"engine(s) {', '.join(missing)} unavailable: "
+                          + "; ".join(f"{e}: {pool.failed.get(e, 'not in the worker pool')}" for e in missing))
+
+
 def check_engines(wanted) -> list[str]:
     unknown = [e for e in wanted if e not in ENGINES]
     if unknown:

@@ -18,7 +18,7 @@ import numpy as np
 
 from compare import runner, tolerances
 from compare.parity.common import (ParityError, ask, callable_spec, check_engines, loss_spec, mismatches,
-                                   reference_engine, table)
+                                   reference_engine, require_live, table)
 from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
 
@@ -86,11 +86,8 @@ def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
 def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
     """Set the same weights on every engine, ask each for `kind` ("grads" or "forward") and the reference engine
     for the same in float64; compare."""
-    missing = [e for e in wanted if e not in pool.live]
     ref = reference_engine(pool.live)
-    if missing:
-        raise ParityError(f"engine(s) {', '.join(missing)} unavailable: "
-                          + "; ".join(f"{e}: {pool.failed.get(e, 'not in the worker pool')}" for e in missing))
+    require_live(pool, wanted)
     _save_inputs(tmp / "inputs.npz", x, y)
     common = {**request, "inputs": str(tmp / "inputs.npz")}
     ask(pool, [ref], lambda e: {**common, "describe": str(tmp / "shapes.npz")}, request["build"])

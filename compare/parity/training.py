@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from compare import runner, tolerances
-from compare.parity.common import OWN, ParityError, ask, callable_spec, check_engines, table, worst
+from compare.parity.common import OWN, ParityError, ask, callable_spec, check_engines, require_live, table, worst
 from keras_side.backend import installed_engines
 from keras_side.config import batch_slices, numpy_orders
 from keras_side.spec import SpecError, TrainConfig
@@ -197,10 +197,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
         started = pool is None
         pool = pool or runner.Pool(list(runs), tmp)
         try:
-            missing = [e for e in runs if e not in pool.live]
-            if missing:
-                raise ParityError(f"engine(s) {', '.join(missing)} unavailable: "
-                                  + "; ".join(f"{e}: {pool.failed.get(e, 'not in the worker pool')}" for e in missing))
+            require_live(pool, runs)
             np.savez(tmp / "inputs.npz", n_inputs=len(xs), n_targets=len(ys), **{f"x{i}": a for i, a in enumerate(xs)},
                      **{f"y{i}": a for i, a in enumerate(ys)})
             common = {"build": build, "inputs": str(tmp / "inputs.npz"), "config": cfg.to_dict()}
