@@ -28,6 +28,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from keras_side.config import versions
 from keras_side.spec import SpecError, TrainConfig
 
@@ -63,8 +65,6 @@ def _identity(model, data, cfg: TrainConfig, engine: str, path: str) -> dict:
 
 
 def _arrays(a) -> list:
-    import numpy as np
-
     if a is None:
         return []
     return [np.ascontiguousarray(p) for p in (a if isinstance(a, tuple) else (a,))]
