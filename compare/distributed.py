@@ -25,7 +25,7 @@ import numpy as np
 from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, versions
+from keras_side.config import HarData, load_trained, versions
 from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
@@ -76,11 +76,6 @@ def _run(command: list[str], env: dict, log: Path) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(command, proc.returncode, "", log.read_text())
 
 
-def _weights(path: Path) -> tuple[list[np.ndarray], float]:
-    with np.load(path) as z:
-        return [z[f"w_{i}"] for i in range(len(z.files) - 1)], float(z["seconds"])
-
-
 def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, folder: Path,
         build: str = "keras_side.models:har", windows: dict | None = None,
         on_event=lambda engine, event: None) -> dict:
@@ -97,7 +92,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         incomplete |= pool.failed
     samples = cfg.epochs * data.n_train
     for engine in [e for e in engines if e not in incomplete]:
-        one, one_seconds = _weights(folder / f"{engine}-1.npz")
+        one, one_seconds = load_trained(folder / f"{engine}-1.npz")
 
         def say(done: int) -> None:
             on_event(engine, {"event": "progress", "path": f"{processes} processes", "stage": "train", "epoch": done,
@@ -113,7 +108,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
             incomplete[engine] = f"{processes} processes failed (exit {launched.returncode}): " + (
                 lines[-1] if lines else "no output")
             continue
-        many, many_seconds = _weights(folder / f"{engine}-{processes}.npz")
+        many, many_seconds = load_trained(folder / f"{engine}-{processes}.npz")
         gap = _gap(one, many)
         found[engine] = {"check": f"data_parallel/{engine}", "runtime": RUNTIMES[engine], "gap": gap,
                          "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,

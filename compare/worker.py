@@ -21,7 +21,7 @@ import numpy as np
 from compare import paths, zoo
 from compare.parity import steps as parity_steps
 from keras_side import fit, models
-from keras_side.config import HarData, Scaling, keras_inputs, loss_units
+from keras_side.config import HarData, Scaling, keras_inputs, loss_units, save_trained
 from keras_side.spec import TrainConfig, resolve, training_loss
 from keras_side.zoo import ZOO
 from keras_side.determinism import seed_everything
@@ -159,7 +159,7 @@ def native_weights(request: dict, send) -> dict:
 
     result = paths.loop(ENGINE).train(_model(request, data), data, cfg, progress=progress)
     seconds = result.train_seconds + (result.compile_seconds or 0.0)  # compiles included, as in the launchers
-    np.savez(request["weights"], seconds=seconds, **_named("w", result.weights))
+    save_trained(request["weights"], result.weights, seconds)
     return {}
 
 

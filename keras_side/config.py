@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -142,6 +143,25 @@ def numpy_orders(seed: int, n: int, epochs: int) -> np.ndarray:
     `batch_order="numpy"`."""
     rng = np.random.default_rng(seed)
     return np.stack([rng.permutation(n) for _ in range(epochs)])
+
+
+def save_npz(path, **arrays) -> None:
+    """Arrays to one `.npz`, whole or not at all: written beside `path`, then renamed onto it."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def save_trained(path, weights, seconds: float) -> None:
+    """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds."""
+    save_npz(path, seconds=seconds, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
+
+
+def load_trained(path) -> tuple[list[np.ndarray], float]:
+    """`save_trained`'s weights, in order, and seconds."""
+    with np.load(path) as z:
+        return [z[f"w_{i}"] for i in range(len(z.files) - 1)], float(z["seconds"])
 
 
 def versions() -> dict[str, str]:

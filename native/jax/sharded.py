@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_npz, save_trained, take
 from keras_side.spec import SpecError, TrainConfig, training_loss
 from native.jax import loop, optim
 
@@ -119,9 +119,7 @@ def _work(args) -> int:
             windows = dict(z)
         pred, seconds, _ = many.forecasts(models.har(), windows, cfg, jax.devices())
         if jax.process_index() == 0:
-            tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-            np.savez(tmp, seconds=seconds, forecasts=pred)
-            os.replace(tmp, args.out)
+            save_npz(args.out, seconds=seconds, forecasts=pred)
         jax.distributed.shutdown()
         return 0
     data = HarData.load(Path(args.data))
@@ -131,9 +129,7 @@ def _work(args) -> int:
     weights = train(model, data, cfg)
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     if jax.process_index() == 0:
-        tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-        np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
-        os.replace(tmp, args.out)  # whole or not at all
+        save_trained(args.out, weights, seconds)
     jax.distributed.shutdown()
     return 0
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, shard, take
+from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import ensure_built
 from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
 
@@ -121,9 +120,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up
-    tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-    np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
-    os.replace(tmp, args.out)  # whole or not at all
+    save_trained(args.out, weights, seconds)
     return 0
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, shard, take
+from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.spec import SpecError, TrainConfig
 from native.torch import optim
 from native.torch.loop import _tensors, spec_loss
@@ -113,9 +113,7 @@ def main(argv=None) -> int:
         weights = train(model, data, cfg)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
         if dist.get_rank() == 0:
-            tmp = Path(f"{args.out}.tmp-{os.getpid()}.npz")
-            np.savez(tmp, seconds=seconds, **{f"w_{i}": w for i, w in enumerate(weights)})
-            os.replace(tmp, args.out)  # whole or not at all
+            save_trained(args.out, weights, seconds)
     finally:
         dist.destroy_process_group()
     return 0

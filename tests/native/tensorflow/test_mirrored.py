@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
+from keras_side.config import load_trained
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
@@ -28,8 +29,7 @@ def mirrored_run(data, tmp_path, build, *extra) -> list[np.ndarray]:
                            str(tmp_path / "data.npz"), "--config", json.dumps(SPEC), "--build", build, "--out",
                            str(tmp_path / "weights.npz"), *extra], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with np.load(tmp_path / "weights.npz") as z:
-        return [z[f"w_{i}"] for i in range(len(z.files) - 1)]  # and the training seconds
+    return load_trained(tmp_path / "weights.npz")[0]
 
 
 def gap(a, b) -> float:

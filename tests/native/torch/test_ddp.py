@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import shard
+from keras_side.config import load_trained, shard
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig, resolve
 from native.torch import ddp
@@ -30,8 +30,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
     har.save(tmp_path / "data.npz")
     proc = launch(tmp_path, build)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with np.load(tmp_path / "weights.npz") as z:
-        parallel = [z[f"w_{i}"] for i in range(len(z.files) - 1)]  # and the training seconds
+    parallel, _ = load_trained(tmp_path / "weights.npz")
     seed_everything(0)
     alone = torch_loop.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
     for a, b in zip(alone.weights, parallel, strict=True):
