@@ -1,20 +1,29 @@
 # Two commands on a fresh clone: `make compare` (the main job) and `make test` (every test, every engine).
 # Both create .venv and install the pinned set (constraints.txt) once; the stamp is keyed on what was installed.
+# The set is for Python 3.11 on Linux x86-64, Linux aarch64 and macOS arm64, CPU builds (.ci/platforms.py).
 PYTHON ?= python3.11
+# DEVICE=cuda: the CUDA builds of torch, TensorFlow and JAX instead (Linux x86-64 with an NVIDIA GPU).
+DEVICE ?= cpu
+# Where torch's CPU build comes from on Linux: empty = found on its own (a wheel folder in pip's config) or else the
+# PyTorch CPU index; `none`, or another URL (a mirror), to decide yourself.
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 ENGINES ?= torch jax tensorflow
-STAMP := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(DEVICE)-$(shell cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 # Our processes never read the user's ~/.keras/keras.json (it may name an engine that is not installed).
 export KERAS_HOME := $(CURDIR)/.keras_home
 
-.PHONY: setup compare bench walk-forward test clean
+.PHONY: setup compare bench walk-forward test check-platforms clean
 
 setup: $(STAMP)
 
 $(STAMP): constraints.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "native-loops: $(PYTHON) not found: install Python 3.11," \
+		"or run make with PYTHON=/path/to/python3.11" >&2; exit 2; }
+	@$(PYTHON) .ci/platforms.py check-python
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[tensorflow,test]'
+	$(BIN)/python .ci/platforms.py install --device $(DEVICE) --torch-index '$(TORCH_INDEX)'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -34,6 +43,10 @@ test: $(STAMP)
 	for engine in $(ENGINES); do \
 		KERAS_BACKEND=$$engine $(BIN)/python -m pytest tests/keras_side tests/native || exit 1; \
 	done
+
+# pip's dry run of the install above for each platform we support (needs the package index; not in `make test`).
+check-platforms: $(STAMP)
+	$(BIN)/python .ci/platforms.py check
 
 clean:
 	rm -rf $(VENV) .keras_home .pytest_cache
