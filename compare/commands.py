@@ -72,7 +72,8 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
 
 # Every epoch's batch order is drawn up front (so that a resumed run draws the same ones), and the JAX loop gathers
 # every epoch's batches once: epochs × training rows must fit in memory. 50 million rows of order is 400 MB of int64,
-# and about as much again of gathered float32 HAR batches.
+# and about as much again of gathered float32 HAR batches. The walk-forward draws its epochs' keys up front and
+# gathers each epoch's batches for every asset: the same cap bounds it (and its run time) by its rows per epoch.
 MAX_ORDER_ROWS = 50_000_000
 
 
@@ -241,6 +242,7 @@ def walk_forward(args: argparse.Namespace) -> int:
                                f"({', '.join(assets)}); pick one of them, or add it to --assets")
     shown = args.asset or assets[0]
     windows = walk.build_windows(panel, assets, args.split, args.end)
+    check_epochs(cfg, int(windows.length.sum()))
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]

@@ -83,6 +83,7 @@ TRAINING_CASES = [
     (["compare", "--epochs", "100000000"], "--epochs 100,000,000 over 2,263 training rows draws 226,300,000,000 rows"),
     (["train", "--path", "jax-native", "--epochs", "100000"], "ask for at most 22,094 epochs"),
     (["bench", "--epochs", "30000"], "more than the 50,000,000 held in memory"),
+    (["walk-forward", "--epochs", "100000"], "ask for at most"),
 ]
 
 
