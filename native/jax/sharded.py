@@ -32,9 +32,14 @@ from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders,
 from keras_side.spec import SpecError, TrainConfig, training_loss
 from native.jax import loop, optim
 
-# jax.distributed's coordinator waits this long for every process to join, and a collective for every process to
-# arrive: a process that dies or hangs ends the run with an error on the others.
+# jax.distributed's coordinator waits this long for every process to join; a process that dies later is seen by
+# the launcher (it ends), one that hangs is not: a gloo collective in jax 0.10.2 waits for it forever. So the
+# launcher watches each process's finished steps and stops the run when none finishes one for QUIET_TIMEOUT_S
+# (NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S, as torch's process-group timeout), counting only once a first step has
+# finished (before it, imports and compiles are start-up, bounded by START_TIMEOUT_S).
 JOIN_TIMEOUT_S = 60
+QUIET_TIMEOUT_S = 60
+START_TIMEOUT_S = 900
 
 
 def put(array, sharding: NamedSharding) -> jax.Array:
@@ -43,10 +48,10 @@ def put(array, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def train(model, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarray]:
+def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) -> list[np.ndarray]:
     """The native loop's step over a mesh of `devices` (default: every device of every process); returns the trained
     weights, the same on every process. The batch order is the shared NumPy one, so every process cuts the same
-    global batches."""
+    global batches. `on_step(state)`, if given, runs after each step is dispatched (the launcher's progress)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     devices = list(devices or jax.devices())
@@ -62,6 +67,8 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarr
             batch = jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(data.x_train, idx)),
                                                               keras_inputs(take(data.y_train, idx))))
             state, _ = step(state, batch)
+            if on_step:
+                on_step(state)
     local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), state)  # this process's replica
     loop.write_back(model, local)
     return model.get_weights()
@@ -126,7 +133,7 @@ def _work(args) -> int:
     seed_everything(cfg.seed)
     model = ensure_built(resolve(args.build)(), data.x_train)
     start = time.perf_counter()
-    weights = train(model, data, cfg)
+    weights = train(model, data, cfg, on_step=_progress(args.progress) if args.progress else None)
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     if jax.process_index() == 0:
         save_trained(args.out, weights, seconds)
@@ -134,37 +141,70 @@ def _work(args) -> int:
     return 0
 
 
+def _progress(path: str):
+    """An `on_step` that waits for the step to finish and writes how many have: what the launcher watches."""
+    fd, done = os.open(path, os.O_WRONLY | os.O_CREAT), [0]
+
+    def on_step(state):
+        jax.block_until_ready(state)
+        done[0] += 1
+        os.pwrite(fd, b"%20d" % done[0], 0)
+    return on_step
+
+
+def _steps(path: Path) -> int:
+    try:
+        return int(path.read_bytes() or 0)
+    except (OSError, ValueError):  # not written yet
+        return 0
+
+
 def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,
            walk_forward: bool = False, port: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Start `processes` Python processes on this host, one CPU device each, joined by jax.distributed; wait for all.
     The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
-    its result is returned (else process 0's, with every process's stderr)."""
+    its result is returned (else process 0's, with every process's stderr). A run in which no process finishes a
+    step for QUIET_TIMEOUT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
+    of its stderr saying so (the walk-forward reports no steps: only a dead process ends it early)."""
     port = port or _free_port()
     env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
+    quiet_timeout = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_TIMEOUT_S))
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "xla_force_host_platform_device_count" not in f)  # one device per process
     common = ["--coordinator", f"127.0.0.1:{port}", "--processes", str(processes), "--data", str(data), "--out",
               str(out), "--config", json.dumps(config), "--build", build, *(["--walk-forward"] if walk_forward else [])]
     with tempfile.TemporaryDirectory(prefix="jax-processes-") as logs:
-        procs = []
+        logs, procs, quiet = Path(logs), [], None
+        steps = [logs / f"{i}.steps" for i in range(processes)]
         try:
             for i in range(processes):
-                with open(Path(logs) / f"{i}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full one
+                with open(logs / f"{i}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full one
                     procs.append(subprocess.Popen([sys.executable, "-m", "native.jax.sharded", *common,
-                                                   "--process-id", str(i)], env=env, stdout=log, stderr=log))
-            failed = None
-            while failed is None and any(p.poll() is None for p in procs):
+                                                   "--process-id", str(i), "--progress", str(steps[i])],
+                                                  env=env, stdout=log, stderr=log))
+            failed, seen, since = None, None, time.monotonic()
+            while failed is None and quiet is None and any(p.poll() is None for p in procs):
                 failed = next((p for p in procs if p.poll() not in (None, 0)), None)
-                time.sleep(0.1)  # polling for an event (a process ending), not a limit
-            failed = failed or next((p for p in procs if p.returncode != 0), None)
+                now = [_steps(s) for s in steps]
+                if now != seen:
+                    seen, since = now, time.monotonic()
+                limit = quiet_timeout if any(now) else START_TIMEOUT_S
+                if time.monotonic() - since > limit and not walk_forward:
+                    quiet = (f"no process finished a step for {limit:g} s (steps finished: "
+                             f"{', '.join(f'process {i}: {n}' for i, n in enumerate(now))}): a process hangs, or "
+                             f"waits in a collective for one that does; stopped all {processes}")
+                time.sleep(0.1)  # polling for events (a process ending, a step finishing)
+            failed = failed or next((p for p in procs if p.returncode not in (None, 0)), None)
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
         chosen = failed or procs[0]
-        text = "".join(f"--- process {i} (exit {p.returncode})\n" + (Path(logs) / f"{i}.log").read_text()
+        text = "".join(f"--- process {i} (exit {p.returncode})\n" + (logs / f"{i}.log").read_text()
                        for i, p in enumerate(procs))
+        if quiet:
+            return subprocess.CompletedProcess(chosen.args, 124, "", f"{text}\njax.distributed: {quiet}\n")
         return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
 
 
@@ -181,6 +221,7 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", type=int, default=2, help="processes on this host (default: %(default)s)")
     parser.add_argument("--process-id", type=int, default=None, help="(set by the launcher) this process's index")
     parser.add_argument("--coordinator", default=None, help="(set by the launcher) host:port of process 0")
+    parser.add_argument("--progress", default=None, help="(set by the launcher) where to count finished steps")
     parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
     parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
     parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")

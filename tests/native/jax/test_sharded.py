@@ -56,6 +56,21 @@ def test_a_process_that_dies_ends_the_run_and_writes_nothing(har, tmp_path, buil
     assert faults.processes_naming(tmp_path) == []
 
 
+def test_a_process_that_hangs_is_stopped_when_no_step_finishes(har, tmp_path):
+    """Process 1 hangs at its 5th step; process 0 waits for it in the step's all-reduce, which in jax 0.10.2 has no
+    timeout. The launcher sees no step finish for NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S (10 s here, 60 by default) and
+    stops both. The test waits for the launch to end, however long that takes: the limit bounds it, the test asserts
+    no time, and a healthy process slower than the limit would end the same way."""
+    har.save(tmp_path / "data.npz")
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC,
+                            "tests.native.faults:hangs_mid_run", env={"NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S": "10"})
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 124 and "no process finished a step for 10 s" in last, result.stderr[-3000:]
+    assert "process 0: 4, process 1: 4" in last  # both finished four steps; the fifth never ends
+    assert not Path(tmp_path / "weights.npz").exists()
+    assert faults.processes_naming(tmp_path) == []
+
+
 def whole_batches(har):
     """2,200 training rows and 2,000 test rows: every batch of 100 (and the test set) splits over two devices."""
     return replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200], x_test=har.x_test[:2000],
