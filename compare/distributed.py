@@ -1,14 +1,18 @@
-"""`native-loops distributed`: each engine's data-parallel native loop in N processes against its one-process loop,
-on the same global batches: the weights they end at, and the throughput of each.
+"""`native-loops distributed`: each engine's data-parallel native loop in N processes against its one-process loop, on
+the same global batches: the weights they end at, and the throughput of each.
 
     found = distributed.run(data, cfg, ["torch", "jax"], processes=2, folder=tmp)
 
-torch: `native/torch/ddp.py` (DistributedDataParallel, launched by torchrun); JAX: `native/jax/sharded.py` (the batch
-axis sharded over one device per process, joined by jax.distributed); TensorFlow: `native/tensorflow/mirrored.py`
-(MirroredStrategy, N replicas on N logical CPUs of one process). The one-process run is the engine's plain
-native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes when every weight is
-within DATA_PARALLEL_ATOL of the one-process run's. Throughput is training samples per second of training (the
-launch, the imports and the join not counted; compiles counted, in both), measured in this run, never asserted.
+torch: `native/torch/ddp.py` (DistributedDataParallel, launched by torchrun); JAX: `native/jax/sharded.py` (the
+batch axis sharded over one device per process, joined by jax.distributed); TensorFlow:
+`native/tensorflow/mirrored.py` (MirroredStrategy, N replicas on N logical CPUs of one process). The one-process run
+is the engine's plain native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes
+when every weight is within DATA_PARALLEL_ATOL of the one-process run's. Where Keras has a distribution API of its
+own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for torch in Keras 3.15.1), `fit` under
+it over N devices against plain `fit` too: `data_parallel/keras-<engine>`, on training rows cut to whole batches
+(Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven one otherwise:
+docs/distributed.md). Throughput is training samples per second of training (the launch, the imports and the join
+not counted; compiles counted, in both), measured in this run, never asserted.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +30,7 @@ import numpy as np
 from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, load_trained, versions
+from keras_side.config import HarData, first, load_trained, take, versions
 from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
@@ -36,20 +41,27 @@ MODELS = ("har", "mlp_l2", "lstm", "conv1d", "two_horizons", "classifier", "pane
 
 STOP_WAIT_S = 30  # how long a stopped launcher may take to stop its own processes before they are killed
 RUNTIMES = {"torch": "DDP, N procs", "jax": "jax.distributed, N procs", "tensorflow": "Mirrored, N replicas"}
+FIT_RUNTIMES = {"jax": "fit in DataParallel", "tensorflow": "fit in Mirrored"}  # N devices of one process
 
 
-def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str, *extra: str):
+def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str, *extra: str,
+            fit: bool = False):
     """The engine's own launcher as a command, so that this process never imports Keras (its backend is fixed at
-    the first import): torchrun for torch, `python -m native.jax.sharded --processes N` for JAX."""
+    the first import): torchrun for torch, `python -m native.jax.sharded --processes N` for JAX. With `fit`, `fit`
+    under Keras's distribution over `processes` devices of one process (JAX: as many host devices)."""
     args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build, *extra]
+    env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     if engine == "torch":
         command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
                    "-m", "native.torch.ddp", *args]
+    elif engine == "jax" and fit:
+        command = [sys.executable, "-m", "native.jax.sharded", "--fit", *args]
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={processes}"
     elif engine == "jax":
         command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
     else:  # one process, `processes` replicas on as many logical CPUs
-        command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args]
-    env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args,
+                   *(["--fit"] if fit else [])]
     return _run(command, env, out.parent / f"{out.stem}.log")
 
 
@@ -115,12 +127,62 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
                          "launch_seconds": wall}
+    fits = [e for e in engines if e in FIT_RUNTIMES and e not in incomplete]
+    if fits:
+        found |= _fit_checks(data, cfg, fits, processes, folder, config, build, incomplete, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
         found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
     return {"processes": processes, "engines": found, "incomplete": incomplete, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
+
+
+def whole_batches(data: HarData, batch_size: int, parts: int) -> HarData:
+    """The data cut so that every batch splits evenly over `parts` devices: the training rows to whole batches (a
+    batch size that `parts` divides), the validation and test rows to a multiple of `parts`."""
+    def cut(a, multiple):
+        return take(a, slice(0, len(first(a)) // multiple * multiple))
+
+    return replace(data, x_train=cut(data.x_train, batch_size), y_train=cut(data.y_train, batch_size),
+                   x_val=cut(data.x_val, parts), y_val=cut(data.y_val, parts),
+                   x_test=cut(data.x_test, parts), y_test=cut(data.y_test, parts))
+
+
+def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict,
+                build: str, incomplete: dict, on_event) -> dict:
+    """`fit` under Keras's distribution over `processes` devices against plain `fit`, per engine, on whole batches."""
+    if cfg.batch_size % processes:
+        for engine in engines:
+            incomplete[f"keras-{engine}"] = (f"fit shards every batch evenly, and a batch of {cfg.batch_size} rows "
+                                             f"does not split over {processes} devices")
+        return {}
+    whole = whole_batches(data, cfg.batch_size, processes)
+    whole.save(folder / "whole.npz")
+    samples, found = cfg.epochs * whole.n_train, {}
+    for engine in engines:
+        runs = {}
+        for count in dict.fromkeys((1, processes)):
+            out = folder / f"keras-{engine}-{count}.npz"
+            on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train", "epoch": 0,
+                              "epochs": cfg.epochs})
+            launched = _launch(engine, count, folder / "whole.npz", out, config, build, fit=True)
+            if launched.returncode != 0:
+                lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
+                incomplete[f"keras-{engine}"] = f"fit on {count} devices failed (exit {launched.returncode}): " + (
+                    lines[-1] if lines else "no output")
+                break
+            runs[str(count)] = load_trained(out)
+            on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train",
+                              "epoch": cfg.epochs, "epochs": cfg.epochs})
+        else:
+            gap = _gap(runs["1"][0], runs[str(processes)][0])
+            found[f"keras-{engine}"] = {
+                "check": f"data_parallel/keras-{engine}", "runtime": FIT_RUNTIMES[engine], "gap": gap,
+                "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
+                "seconds": {c: s for c, (_, s) in runs.items()},
+                "samples_per_s": {c: samples / s for c, (_, s) in runs.items()}, "training_rows": whole.n_train}
+    return found
 
 
 def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path, incomplete: dict) -> dict | None:

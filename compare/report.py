@@ -227,6 +227,10 @@ def print_distributed(found: dict) -> None:
         table.add_row(row["check"], f"{mark} {row['gap']:.1e}", f"{row['tolerance']:g}", f"{one:,.0f}",
                       f"{many:,.0f}", unit, f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))
     console().print(table)
+    cut = {row["training_rows"] for row in found["engines"].values() if "training_rows" in row}
+    if cut:
+        console().print(f"fit's rows: the first {min(cut):,} training rows (whole batches), as Keras shards a batch "
+                        "evenly; against plain fit on the same rows")
     for engine, why in found["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")
 

@@ -77,7 +77,10 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) ->
 def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarray]:
     """`fit` itself, the Keras way: under `keras.distribution.DataParallel`, Keras shards every batch over the
     devices. Keras 3.15.1 shards each batch evenly or not at all (a jax IndivisibleError): every batch of training,
-    validation and the final predictions must split over the devices, which is checked here first."""
+    validation and the final predictions must split over the devices, which is checked here first. With one
+    device, plain `fit` (the baseline a data-parallel `fit` is compared with)."""
+    from contextlib import nullcontext
+
     import keras
 
     from keras_side import fit
@@ -92,7 +95,7 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
             raise SpecError(f"keras.distribution.DataParallel shards every batch evenly over the {len(devices)} "
                             f"devices, and a {split} batch of {odd[0]} rows does not split; choose rows and a batch "
                             "size that do, or the native sharded loop (sharded.train), which replicates such a batch")
-    with keras.distribution.DataParallel(devices=devices).scope():
+    with keras.distribution.DataParallel(devices=devices).scope() if len(devices) > 1 else nullcontext():
         model = ensure_built(build(), data.x_train)
         fit.train(model, data, cfg)
     return model.get_weights()
@@ -157,6 +160,20 @@ def _steps(path: Path) -> int:
         return int(path.read_bytes() or 0)
     except (OSError, ValueError):  # not written yet
         return 0
+
+
+def _fit(args) -> int:
+    """`fit` under DataParallel over this process's devices (one: plain fit); the weights and seconds to --out."""
+    from keras_side.determinism import seed_everything
+    from keras_side.spec import resolve
+
+    data = HarData.load(Path(args.data))
+    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    seed_everything(cfg.seed)
+    start = time.perf_counter()
+    weights = fit_train(resolve(args.build), data, cfg)
+    save_trained(args.out, weights, time.perf_counter() - start)
+    return 0
 
 
 def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,
@@ -228,7 +245,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where process 0 writes the trained weights (.npz)")
     parser.add_argument("--walk-forward", action="store_true", help="--data is the walk-forward's windows (x, y, "
                         "rows, x_next): train every model, the model axis over the processes; --out gets forecasts")
+    parser.add_argument("--fit", action="store_true", help="model.fit under keras.distribution.DataParallel over "
+                        "this one process's devices instead (XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     args = parser.parse_args(argv)
+    if args.fit:
+        return _fit(args)
     if args.process_id is not None:
         return _process(args)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # launch's cleanup stops the processes

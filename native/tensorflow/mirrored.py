@@ -90,10 +90,13 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
     """`fit` itself under the strategy: the model built and compiled in its scope, Keras distributing each batch.
     Measured: equal to one process (3e-8) when every batch splits evenly over the replicas; with an uneven last
     batch (63 rows over 2) 2.3e-5 apart after 2 epochs, because Keras averages the replicas' own mean losses with
-    equal weights, where the global batch's mean weighs each replica by its rows (`train` above does)."""
+    equal weights, where the global batch's mean weighs each replica by its rows (`train` above does). With one
+    device, plain `fit` (the baseline a mirrored `fit` is compared with)."""
+    from contextlib import nullcontext
+
     from keras_side import fit
 
-    with tf.distribute.MirroredStrategy(devices).scope():
+    with tf.distribute.MirroredStrategy(devices).scope() if len(devices) > 1 else nullcontext():
         model = ensure_built(build(), data.x_train)
         fit.train(model, data, cfg)
     return model.get_weights()

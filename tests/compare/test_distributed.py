@@ -1,6 +1,6 @@
 """`native-loops distributed`: two processes per engine (torch DDP, JAX sharded over jax.distributed; two
-MirroredStrategy replicas on TensorFlow) against one,
-on a short run; bad options are one line, exit 2, nothing written."""
+MirroredStrategy replicas on TensorFlow) against one, and `fit` under Keras's distribution on two devices (JAX,
+TensorFlow) against plain `fit`, on a short run; bad options are one line, exit 2, nothing written."""
 import json
 
 import pytest
@@ -13,7 +13,9 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     code = cli.main(["distributed", "--processes", "2", "--epochs", "2", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 0, report
-    assert set(report["engines"]) == {"torch", "jax", "tensorflow", "walk-forward"} and report["processes"] == 2
+    assert set(report["engines"]) == {"torch", "jax", "tensorflow", "keras-jax", "keras-tensorflow", "walk-forward"}
+    assert report["processes"] == 2
+    assert report["engines"]["keras-jax"]["training_rows"] == 2176  # 17 whole batches of 128: each splits over 2
     assert not report["incomplete"]
     for name, row in report["engines"].items():  # the walk-forward's forecasts: SHARDED_ATOL, the models' own
         assert row["passed"] and row["gap"] <= row["tolerance"] == (SHARDED_ATOL if name == "walk-forward" else
@@ -28,7 +30,8 @@ def test_a_model_with_two_outputs_too(tmp_path):
     """Several targets reach every engine's data-parallel loop (TensorFlow: each output's per-sample loss)."""
     code = cli.main(["distributed", "--model", "two_horizons", "--epochs", "1", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
-    assert code == 0 and set(report["engines"]) == {"torch", "jax", "tensorflow"}, report
+    assert code == 0 and set(report["engines"]) == {"torch", "jax", "tensorflow", "keras-jax", "keras-tensorflow"}, \
+        report
 
 
 @pytest.mark.parametrize("args, message", [
