@@ -99,8 +99,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run, replicas on "
                    "TensorFlow (default: %(default)s; at most one per core)")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
-    p.add_argument("--model", default="har", help="a zoo model without per-process state (default: %(default)s): "
-                   "har, mlp_l2, lstm, conv1d, two_horizons, classifier, panel")
+    p.add_argument("--model", default="har", help="a zoo model (default: %(default)s): har, mlp_l2, bn_mlp, lstm, "
+                   "conv1d, two_horizons, classifier, panel; dropout_mlp with --engines jax")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "

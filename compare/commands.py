@@ -307,8 +307,11 @@ def distributed(args: argparse.Namespace) -> int:
     entry = zoo_matrix.ZOO.get(args.model)
     if args.model not in dist.MODELS:
         raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}: the zoo's "
-                               "other models have BatchNorm or Dropout, whose state each process keeps its own, or "
-                               "data other than the HAR's")
+                               "other model (har_recent) has sample weights, which the data-parallel loops do not take")
+    if args.model in dist.JAX_ONLY and set(engines) - {"jax"}:
+        raise NativeLoopsError(f"--model {args.model}: its Dropout draws each process's mask for its own rows on torch "
+                               "and tensorflow, so only JAX (one global batch) can end where one process ends; "
+                               "pass --engines jax")
     cfg = train_config(args).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)
     prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,

@@ -34,9 +34,12 @@ from keras_side.config import HarData, first, load_trained, take, versions
 from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
-# The zoo's models on the HAR's data without per-process state: BatchNorm's statistics and Dropout's seed state are
-# each process's own under data parallelism (docs/distributed.md), so those models would part by design.
-MODELS = ("har", "mlp_l2", "lstm", "conv1d", "two_horizons", "classifier", "panel")
+# The zoo's models that data parallelism can train as one process does (docs/distributed.md): BatchNorm takes the
+# global batch's moments on every engine (synchronized); Dropout draws each process's mask for its own rows on torch
+# and TensorFlow, where JAX's sharded step draws the global batch's, so a Dropout model is JAX's alone. Not
+# har_recent: the data-parallel loops take no sample weights.
+MODELS = ("har", "mlp_l2", "bn_mlp", "lstm", "conv1d", "two_horizons", "classifier", "panel", "dropout_mlp")
+JAX_ONLY = ("dropout_mlp",)
 
 
 STOP_WAIT_S = 30  # how long a stopped launcher may take to stop its own processes before they are killed

@@ -38,8 +38,10 @@ def test_a_model_with_two_outputs_too(tmp_path):
     (["--processes", "0"], "--processes must be between 1 and this machine's"),
     (["--processes", "1000"], "--processes must be between 1 and this machine's"),
     (["--engines", "mxnet"], "unknown engine(s) mxnet"),
-    (["--model", "resnet"], "--model must be one of har, mlp_l2, lstm, conv1d, two_horizons, classifier, panel"),
-    (["--model", "bn_mlp"], "BatchNorm or Dropout, whose state each process keeps its own"),
+    (["--model", "resnet"], "--model must be one of har, mlp_l2, bn_mlp, lstm, conv1d, two_horizons, classifier"),
+    (["--model", "har_recent"], "has sample weights, which the data-parallel loops do not take"),
+    (["--model", "dropout_mlp"], "only JAX (one global batch) can end where one process ends; pass --engines jax"),
+    (["--model", "dropout_mlp", "--engines", "jax,torch"], "pass --engines jax"),
     (["--epochs", "100000"], "ask for at most"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):

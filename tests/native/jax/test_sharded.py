@@ -26,8 +26,11 @@ def alone(har, build):
     return loop.train(resolve(build)(), har, CFG).weights
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2"])
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
+                                   "keras_side.models:dropout_mlp"])
 def test_two_devices_in_one_process_end_where_one_ends(har, build):
+    """BatchNorm's moments and Dropout's mask are the global batch's: the step computes one global batch whose rows
+    lie on two devices, so nothing needs synchronizing by hand."""
     assert len(jax.devices()) == SHARDING_DEVICES
     seed_everything(0)
     parallel = sharded.train(resolve(build)(), har, CFG)

@@ -36,8 +36,9 @@ def gap(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2"])
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp"])
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
+    """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch."""
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
