@@ -327,7 +327,8 @@ def distributed(args: argparse.Namespace) -> int:
                              windows=windows, on_event=on_event)
         report.print_distributed(found)
         write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
-        for scratch in [*tmp.glob("*.npz"), *tmp.glob("*.log"), *tmp.glob("engines")]:
+        logs = [] if found["incomplete"] else list(tmp.glob("*.log"))  # a failed launch's output stays, named
+        for scratch in [*tmp.glob("*.npz"), *logs, *tmp.glob("engines")]:
             shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
     report.console().print(f"report: {out}/distributed.json")
     if found["incomplete"]:

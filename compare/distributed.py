@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,9 +120,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         wall = time.perf_counter() - start
         say(cfg.epochs if launched.returncode == 0 else 0)
         if launched.returncode != 0:
-            lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
-            incomplete[engine] = f"{processes} processes failed (exit {launched.returncode}): " + (
-                lines[-1] if lines else "no output")
+            incomplete[engine] = _failure(launched, f"{processes} processes", f"{engine}-{processes}.log")
             continue
         many, many_seconds = load_trained(folder / f"{engine}-{processes}.npz")
         gap = _gap(one, many)
@@ -171,9 +170,7 @@ def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: 
                               "epochs": cfg.epochs})
             launched = _launch(engine, count, folder / "whole.npz", out, config, build, fit=True)
             if launched.returncode != 0:
-                lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
-                incomplete[f"keras-{engine}"] = f"fit on {count} devices failed (exit {launched.returncode}): " + (
-                    lines[-1] if lines else "no output")
+                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {count} devices", f"{out.stem}.log")
                 break
             runs[str(count)] = load_trained(out)
             on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train",
@@ -199,8 +196,7 @@ def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path,
         launched = _launch("jax", count, folder / "windows.npz", out, config, "keras_side.models:har",
                            "--walk-forward")
         if launched.returncode != 0:
-            lines = [ln for ln in launched.stderr.splitlines() if ln.strip()]
-            incomplete["walk-forward"] = f"{count} processes failed: " + (lines[-1] if lines else "no output")
+            incomplete["walk-forward"] = _failure(launched, f"{count} processes", f"{out.stem}.log")
             return None
         with np.load(out) as z:
             found[count] = (z["forecasts"], float(z["seconds"]))
@@ -210,6 +206,23 @@ def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path,
             "gap": gap, "tolerance": SHARDED_ATOL, "passed": gap <= SHARDED_ATOL,
             "seconds": {str(c): s for c, (_, s) in found.items()},
             "samples_per_s": {str(c): models / s for c, (_, s) in found.items()}, "unit": "models/s"}
+
+
+def _failure(launched: subprocess.CompletedProcess, what: str, log: str) -> str:
+    """One line for a launch that failed: which rank (process) failed first and how, from torchrun's root cause or
+    the last line of the JAX and TensorFlow launchers (theirs say it), and the log the run folder keeps."""
+    text = launched.stderr
+    root = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
+    if root:
+        rank, code = int(root[1]), int(root[2])
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
+        reason = f"rank {rank} failed first ({how}); torchrun stopped the others"
+        if "Timed out waiting" in text:
+            reason += " (its collective timed out waiting for a rank that hangs)"
+    else:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        reason = lines[-1] if lines else "no output"
+    return f"{what} failed (exit {launched.returncode}): {reason}; output: {log} in the run folder"
 
 
 def _gap(want: list[np.ndarray], got: list[np.ndarray]) -> float:

@@ -191,7 +191,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     common = ["--coordinator", f"127.0.0.1:{port}", "--processes", str(processes), "--data", str(data), "--out",
               str(out), "--config", json.dumps(config), "--build", build, *(["--walk-forward"] if walk_forward else [])]
     with tempfile.TemporaryDirectory(prefix="jax-processes-") as logs:
-        logs, procs, quiet = Path(logs), [], None
+        logs, procs, quiet, stopped = Path(logs), [], None, set()
         steps = [logs / f"{i}.steps" for i in range(processes)]
         try:
             for i in range(processes):
@@ -215,6 +215,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
         finally:
             for proc in procs:
                 if proc.poll() is None:
+                    stopped.add(proc.pid)
                     proc.kill()
                 proc.wait()
         chosen = failed or procs[0]
@@ -222,7 +223,15 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                        for i, p in enumerate(procs))
         if quiet:
             return subprocess.CompletedProcess(chosen.args, 124, "", f"{text}\njax.distributed: {quiet}\n")
+        if failed:  # which ended first is not known within a poll: a peer's collective fails as soon as it dies
+            ended = [f"process {i}: {_how(p.returncode)}" for i, p in enumerate(procs)
+                     if p.returncode and p.pid not in stopped]
+            text += f"\njax.distributed: {len(ended)} of {processes} failed ({', '.join(ended)}); stopped the rest\n"
         return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
+
+
+def _how(code: int) -> str:
+    return f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
 
 
 def _free_port() -> int:

@@ -49,3 +49,32 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch):
+    """The second process (rank) dies while building the model: the run exits 3, each engine's line names the
+    process that failed and how (torchrun's root cause; the JAX launcher's own line), and the launch's output stays
+    in the run folder under the name the line gives. The one-process run is the plain HAR."""
+    from dataclasses import replace
+
+    from compare import commands
+    from keras_side import zoo
+
+    monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:dies_in_the_second_process"))
+    monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
+    code = cli.main(["distributed", "--engines", "torch,jax", "--epochs", "1", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "distributed.json").read_text())
+    assert code == 3 and set(report["incomplete"]) == {"torch", "jax"}, report
+    assert report["incomplete"]["torch"].startswith("2 processes failed (exit 1): rank 1 failed first (exit code 3)")
+    assert "jax.distributed: 1 of 2 failed (process 1: exit code 3)" in report["incomplete"]["jax"]
+    for engine, logged in (("torch", "Root Cause (first observed failure)"), ("jax", "--- process 1 (exit 3)")):
+        assert f"output: {engine}-2.log in the run folder" in report["incomplete"][engine]
+        assert logged in (tmp_path / "run" / f"{engine}-2.log").read_text()
+
+
+def _without_one_process_faults(run):
+    """The worker's one-process run builds in process 0 (never 'the second'), so the planted builder is harmless
+    there; the walk-forward (HAR only) is left out to keep the test short."""
+    def wrapped(*args, windows=None, **kwargs):
+        return run(*args, windows=None, **kwargs)
+    return wrapped
