@@ -7,6 +7,10 @@ DEVICE ?= cpu
 # Where torch's CPU build comes from on Linux: empty = found on its own (a wheel folder in pip's config) or else the
 # PyTorch CPU index; `none`, or another URL (a mirror), to decide yourself.
 TORCH_INDEX ?=
+# Any Python can run this check (2.7 included), so another version gets one line, not a traceback.
+CHECK_PYTHON := import sys; v = "%d.%d" % sys.version_info[:2]; ok = v == "3.11"; ok or sys.stderr.write( \
+	"native-loops: %s is Python %s; the pinned set (constraints.txt) is for Python 3.11: run make with " \
+	"PYTHON=/path/to/python3.11 (pyenv, or uv python install 3.11)\n" % (sys.executable, v)); sys.exit(0 if ok else 2)
 VENV := .venv
 BIN := $(VENV)/bin
 ENGINES ?= torch jax tensorflow
@@ -21,7 +25,7 @@ setup: $(STAMP)
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "native-loops: $(PYTHON) not found: install Python 3.11," \
 		"or run make with PYTHON=/path/to/python3.11" >&2; exit 2; }
-	@$(PYTHON) .ci/platforms.py check-python
+	@$(PYTHON) -c '$(CHECK_PYTHON)'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python .ci/platforms.py install --device $(DEVICE) --torch-index '$(TORCH_INDEX)'
 	rm -f $(VENV)/.installed-*

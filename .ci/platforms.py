@@ -1,7 +1,6 @@
 """The pinned set on every platform we support: which pins apply where, how `make` installs them, and pip's own
 dry run for each platform.
 
-    python .ci/platforms.py check-python               # one line, exit 2, unless this is a Python the set supports
     python .ci/platforms.py install [--device cpu|cuda]  # what `make` runs with .venv's Python
     python .ci/platforms.py check [--only NAME ...]    # `make check-platforms`: resolve the set for each platform
 
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"
 PYTHONS = ("3.11",)  # every pin has a wheel for these on each platform below; 3.11 is the one we test on
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+SUPPORTED = {("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "arm64")}  # (sys.platform, machine)
 UNREACHABLE = ("Could not fetch URL", "Failed to establish a new connection", "NameResolutionError")
 # DEVICE=cuda (Linux x86-64 only): PyPI's torch there is the CUDA build (`!=...+cpu`: a wheel folder's CPU build
 # would satisfy a bare ==2.13.0); TensorFlow's and JAX's CUDA 12 wheels. Resolved by check-platforms, not run here.
@@ -63,13 +63,6 @@ def fail(message):
     sys.exit(2)
 
 
-def check_python():
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if version not in PYTHONS:
-        fail(f"{sys.executable} is Python {version}; the pinned set (constraints.txt) is for Python "
-             f"{', '.join(PYTHONS)}: run make with PYTHON=/path/to/python3.11 (pyenv, or `uv python install 3.11`)")
-
-
 def _pip(python, *args, quiet=True):
     command = [python, "-m", "pip", *args] + (["--quiet"] if quiet else [])
     return subprocess.run(command, capture_output=True, text=True)
@@ -96,10 +89,21 @@ def _without(lines, names):
 
 
 def install(device, index_override):
-    """Install the pinned set into this Python (.venv's), printing the pip command first, as make would."""
-    if device == "cuda" and (sys.platform, platform.machine()) != ("linux", "x86_64"):
-        fail(f"DEVICE=cuda needs Linux x86-64 (this is {sys.platform} {platform.machine()}); "
-             "leave DEVICE unset for the CPU set")
+    """Install the pinned set into this Python (.venv's), printing the pip command first, as make would. What pip
+    cannot do well is refused first, in one line: a platform without the set's wheels, a venv without pip, a venv
+    that holds the other DEVICE's set (CPU and CUDA builds of TensorFlow share one package folder)."""
+    here = (sys.platform, platform.machine())
+    if here not in SUPPORTED:
+        fail(f"the pinned set has CPU builds for Linux x86-64, Linux aarch64 and macOS arm64, not {here[0]} "
+             f"{here[1]} (torch 2.13 has no wheel for it)")
+    if device == "cuda" and here != ("linux", "x86_64"):
+        fail(f"DEVICE=cuda needs Linux x86-64 (this is {here[0]} {here[1]}); leave DEVICE unset for the CPU set")
+    if _pip(sys.executable, "--version").returncode != 0:
+        fail(f"{sys.prefix} has no pip (on Debian and Ubuntu, install python3.11-venv): remove it and run make again")
+    marker = Path(sys.prefix) / "native-loops-device"
+    if marker.exists() and marker.read_text().strip() != device:
+        fail(f"{sys.prefix} holds the DEVICE={marker.read_text().strip()} set: run `make clean` before installing "
+             f"DEVICE={device}")
     args = ["install", "-c", str(CONSTRAINTS)]
     if device == "cpu":
         index = torch_index(override=index_override)
@@ -112,7 +116,10 @@ def install(device, index_override):
         args = ["install", "-c", str(cuda_constraints), "-e", f"{ROOT}[test]", *CUDA_PINS]
     command = [sys.executable, "-m", "pip", *args, "--quiet"]
     print(" ".join(command), flush=True)
-    sys.exit(subprocess.run(command).returncode)
+    done = subprocess.run(command).returncode
+    if done == 0:
+        marker.write_text(device + "\n")
+    sys.exit(done)
 
 
 # ---- check-platforms: pip's dry run per platform --------------------------------------------------------------
@@ -203,7 +210,7 @@ def check(only):
     index = torch_index()
     version = _pip(sys.executable, "--version", quiet=False).stdout.split()[1]
     print(f"pip {version} dry run (--only-binary=:all: --platform TAG --python-version V, markers evaluated for the "
-          f"target); torch's CPU index on this machine: {index or 'not needed (a wheel folder has the build)'}\n")
+          f"target); torch's CPU index on this machine: {index or 'not needed (pip finds the CPU build without it)'}\n")
     print("| platform | Python | resolves | packages | torch | tensorflow | jax | keras | note |")
     print("|---|---|---|---|---|---|---|---|---|")
     verdicts = []
@@ -221,16 +228,13 @@ def check(only):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog=".ci/platforms.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("check-python")
     setup = commands.add_parser("install")
     setup.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     setup.add_argument("--torch-index", default="", help="'none', or the URL of torch's CPU wheels (Linux)")
     verify = commands.add_parser("check")
     verify.add_argument("--only", nargs="*", choices=[t.name for t in PLATFORMS])
     args = parser.parse_args(argv)
-    if args.command == "check-python":
-        check_python()
-    elif args.command == "install":
+    if args.command == "install":
         install(args.device, args.torch_index)
     else:
         check(args.only)

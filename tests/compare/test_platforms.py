@@ -3,6 +3,8 @@ platform, the CUDA set cannot take a CPU wheel, and the set-up's refusals are on
 itself needs the package index, so `make check-platforms` runs it, not this file; its verdicts are tested here on
 planted pip outcomes."""
 import importlib.util
+import re
+import subprocess
 import sys
 
 import pytest
@@ -51,20 +53,49 @@ def test_the_cuda_set_refuses_torchs_cpu_build_and_drops_the_cpu_pins():
     assert SpecifierSet("==3.15.1").contains(pins(kept, platforms.PLATFORMS[-1])["keras"].lstrip("="))
 
 
-def test_another_python_is_refused_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(platforms, "PYTHONS", ("3.99",))
-    with pytest.raises(SystemExit) as stop:
-        platforms.check_python()
-    message = capsys.readouterr().err
-    assert stop.value.code == 2 and message.count("\n") == 1 and "PYTHON=/path/to/python3.11" in message
+def test_another_python_is_refused_in_one_line_by_the_makefile():
+    """The Makefile's check is Python any interpreter runs (2.7 included): this one passes, another version is one
+    line and exit 2. (Run here with this interpreter and the version it expects changed.)"""
+    makefile = (REPO / "Makefile").read_text()
+    code = re.search(r"CHECK_PYTHON := (.*?)\nVENV", makefile, re.S)[1].replace("\\\n\t", "")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    other = subprocess.run([sys.executable, "-c", code.replace('"3.11"', '"3.99"')], capture_output=True, text=True)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1
+    assert other.stderr.startswith(f"native-loops: {sys.executable} is Python 3.11; the pinned set")
 
 
-def test_cuda_elsewhere_than_linux_x86_64_is_refused_before_pip_runs(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "platform", "darwin")
+@pytest.mark.parametrize("here, device, message", [
+    (("darwin", "x86_64"), "cpu", "the pinned set has CPU builds for Linux x86-64, Linux aarch64 and macOS arm64, "
+                                  "not darwin x86_64"),
+    (("win32", "AMD64"), "cpu", "not win32 AMD64"),
+    (("darwin", "arm64"), "cuda", "DEVICE=cuda needs Linux x86-64 (this is darwin arm64)"),
+])
+def test_a_platform_without_the_set_is_refused_before_pip_runs(monkeypatch, capsys, here, device, message):
+    monkeypatch.setattr(sys, "platform", here[0])
+    monkeypatch.setattr(platforms.platform, "machine", lambda: here[1])
     monkeypatch.setattr(platforms, "_pip", lambda *a, **k: pytest.fail("pip ran"))
     with pytest.raises(SystemExit) as stop:
-        platforms.install("cuda", "")
-    assert stop.value.code == 2 and "DEVICE=cuda needs Linux x86-64" in capsys.readouterr().err
+        platforms.install(device, "")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and err.count("\n") == 1
+
+
+def test_a_venv_without_pip_or_with_the_other_devices_set_is_refused(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(platforms.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(platforms, "_pip", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "No module named pip"))
+    with pytest.raises(SystemExit) as stop:
+        platforms.install("cpu", "")
+    assert stop.value.code == 2
+    assert "has no pip (on Debian and Ubuntu, install python3.11-venv)" in capsys.readouterr().err
+    monkeypatch.setattr(platforms, "_pip", lambda *a, **k: subprocess.CompletedProcess(a, 0, "pip 23.2.1", ""))
+    monkeypatch.setattr(platforms.subprocess, "run", lambda *a, **k: pytest.fail("pip install ran"))
+    (tmp_path / "native-loops-device").write_text("cuda\n")
+    with pytest.raises(SystemExit) as stop:
+        platforms.install("cpu", "none")
+    assert stop.value.code == 2 and "holds the DEVICE=cuda set: run `make clean` before installing DEVICE=cpu" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, expected", [("none", None), ("https://mirror/whl/cpu", "https://mirror/whl/cpu")])
