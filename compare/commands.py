@@ -72,9 +72,11 @@ def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> Trai
 
 # Every epoch's batch order is drawn up front (so that a resumed run draws the same ones), and the JAX loop gathers
 # every epoch's batches once: epochs × training rows must fit in memory. 50 million rows of order is 400 MB of int64,
-# and about as much again of gathered float32 HAR batches. The walk-forward draws its epochs' keys up front and
-# gathers each epoch's batches for every asset: the same cap bounds it (and its run time) by its rows per epoch.
+# and about as much again of gathered float32 HAR batches.
 MAX_ORDER_ROWS = 50_000_000
+# The walk-forward gathers each epoch's batches inside its loop, and draws only one key per epoch up front (8 bytes
+# each on JAX): 80 MB at this many.
+MAX_WALK_EPOCHS = 10_000_000
 
 
 def check_epochs(cfg: TrainConfig, rows: int) -> None:
@@ -209,18 +211,38 @@ def bench(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
     if args.json:
         check_writable(args.json)  # before the benchmark, not after it
+    models = [] if args.models is None else list(zoo_matrix.MODELS) if args.models == "all" else parse_names(
+        args.models, zoo_matrix.MODELS, "model")
     cfg = train_config(args)
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)
     check_epochs(cfg, prepared.n_train)
-    with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp:
-        timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats)
+    zoo_data = {}
+    for name in models:  # every model's data (and a bad --asset/--split for it) before anything trains
+        entry = zoo_matrix.ZOO[name]
+        zoo_data[name] = (har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
+                                                validation=args.validation, source=source), cfg.replace(**entry.spec))
+        check_epochs(zoo_data[name][1], zoo_data[name][0].n_train)
+    totals = {e: len(bench_paths.bench_paths(e)) * args.repeats for e in engines} | {"numpy": args.repeats} | (
+        {"walk-forward": 1} if "jax" in engines else {}) | {
+        f"zoo {m}": sum(len(bench_paths.zoo_paths(e)) for e in engines) * args.repeats for m in models}
+    with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp, report.bench_progress(totals) as tick:
+        timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats, on_timing=tick)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
             windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end)
             (Path(tmp) / "walk").mkdir()
             wf_engines = [e for e in ("jax", "torch") if e in engines]
+            tick("walk-forward", f"every refit at once on {' and '.join(wf_engines)}", done=False)
             timings["walk_forward"] = walk.run(windows, cfg, Path(tmp) / "walk", engines=wf_engines,
                                                fit_refits=2)["timing"]
+            tick("walk-forward", f"{windows.n_models} models on {' and '.join(wf_engines)}")
+        for name, (data, model_cfg) in zoo_data.items():  # each model of the zoo: fit against the native loops
+            (Path(tmp) / name).mkdir()
+            timed = bench_paths.run(data, model_cfg, engines, Path(tmp) / name, args.repeats,
+                                    on_timing=lambda engine, path, row=f"zoo {name}": tick(row, f"{engine} {path}"),
+                                    build=zoo_matrix.ZOO[name].build)
+            timings.setdefault("zoo", {})[name] = timed
+            timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
         write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed})
@@ -241,8 +263,10 @@ def walk_forward(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--asset {args.asset!r} is not among the walk-forward's assets "
                                f"({', '.join(assets)}); pick one of them, or add it to --assets")
     shown = args.asset or assets[0]
+    if cfg.epochs > MAX_WALK_EPOCHS:
+        raise NativeLoopsError(f"--epochs {cfg.epochs:,}: the walk-forward draws every epoch's key up front; ask for "
+                               f"at most {MAX_WALK_EPOCHS:,} epochs")
     windows = walk.build_windows(panel, assets, args.split, args.end)
-    check_epochs(cfg, int(windows.length.sum()))
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]
@@ -306,8 +330,9 @@ def distributed(args: argparse.Namespace) -> int:
                                "from --engines")
     entry = zoo_matrix.ZOO.get(args.model)
     if args.model not in dist.MODELS:
-        raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}: the zoo's "
-                               "other model (har_recent) has sample weights, which the data-parallel loops do not take")
+        why = (": its sample weights are not taken by the data-parallel loops" if args.model in zoo_matrix.ZOO
+               else "")
+        raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}{why}")
     if args.model in dist.JAX_ONLY and set(engines) - {"jax"}:
         raise NativeLoopsError(f"--model {args.model}: its Dropout draws each process's mask for its own rows on torch "
                                "and tensorflow, so only JAX (one global batch) can end where one process ends; "

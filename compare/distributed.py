@@ -31,7 +31,7 @@ import numpy as np
 from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, first, load_trained, take, versions
+from keras_side.config import HarData, exit_reason, first, load_trained, take, versions
 from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
@@ -59,7 +59,7 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
         command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
                    "-m", "native.torch.ddp", *args]
     elif engine == "jax" and fit:
-        command = [sys.executable, "-m", "native.jax.sharded", "--fit", *args]
+        command = [sys.executable, "-m", "native.jax.sharded", "--fit", "--devices", str(processes), *args]
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={processes}"
     elif engine == "jax":
         command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
@@ -101,7 +101,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
     cfg = cfg.replace(batch_order="numpy", validate=False)  # the same global batches everywhere
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
-    found, incomplete = {}, {}
+    found, incomplete, notes = {}, {}, []
     with runner.Pool(engines, folder, jobs=1) as pool:
         request = {"data": str(folder / "data.npz"), "config": config, "build": build}
         pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-1.npz")}, on_event)
@@ -131,12 +131,12 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "launch_seconds": wall}
     fits = [e for e in engines if e in FIT_RUNTIMES and e not in incomplete]
     if fits:
-        found |= _fit_checks(data, cfg, fits, processes, folder, config, build, incomplete, on_event)
+        found |= _fit_checks(data, cfg, fits, processes, folder, config, build, incomplete, notes, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
         found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
-    return {"processes": processes, "engines": found, "incomplete": incomplete, "build": build,
+    return {"processes": processes, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
 
 
@@ -152,12 +152,11 @@ def whole_batches(data: HarData, batch_size: int, parts: int) -> HarData:
 
 
 def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict,
-                build: str, incomplete: dict, on_event) -> dict:
+                build: str, incomplete: dict, notes: list, on_event) -> dict:
     """`fit` under Keras's distribution over `processes` devices against plain `fit`, per engine, on whole batches."""
     if cfg.batch_size % processes:
-        for engine in engines:
-            incomplete[f"keras-{engine}"] = (f"fit shards every batch evenly, and a batch of {cfg.batch_size} rows "
-                                             f"does not split over {processes} devices")
+        notes.append(f"fit under Keras's distribution not checked: Keras shards every batch evenly, and a batch of "
+                     f"{cfg.batch_size} rows does not split over {processes} devices")
         return {}
     whole = whole_batches(data, cfg.batch_size, processes)
     whole.save(folder / "whole.npz")
@@ -170,7 +169,7 @@ def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: 
                               "epochs": cfg.epochs})
             launched = _launch(engine, count, folder / "whole.npz", out, config, build, fit=True)
             if launched.returncode != 0:
-                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {count} devices", f"{out.stem}.log")
+                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {count} device(s)", f"{out.stem}.log")
                 break
             runs[str(count)] = load_trained(out)
             on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train",
@@ -209,16 +208,19 @@ def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path,
 
 
 def _failure(launched: subprocess.CompletedProcess, what: str, log: str) -> str:
-    """One line for a launch that failed: which rank (process) failed first and how, from torchrun's root cause or
-    the last line of the JAX and TensorFlow launchers (theirs say it), and the log the run folder keeps."""
+    """One line for a launch that failed: which ranks (processes) failed and how, from torchrun's summary (its
+    "first observed" failure is by timestamps in whole seconds, so a rank whose collective broke can tie with the
+    rank that died: every failure is listed, not those torchrun stopped with SIGTERM) or the last line of the JAX
+    and TensorFlow launchers (theirs say it), and the log the run folder keeps."""
     text = launched.stderr
-    root = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
-    if root:
-        rank, code = int(root[1]), int(root[2])
-        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
-        reason = f"rank {rank} failed first ({how}); torchrun stopped the others"
+    summary = text[text.find("Root Cause (first observed failure):"):] if "Root Cause (first" in text else ""
+    summary += text[text.find("Failures:"):text.find("Root Cause (first")] if "Failures:" in text else ""
+    ranks = re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", summary, re.S)
+    failed = dict.fromkeys(f"rank {r} ({exit_reason(int(c))})" for r, c in ranks if int(c) != -signal.SIGTERM)
+    if failed:
+        reason = f"torchrun saw {', '.join(failed)} and stopped the others"
         if "Timed out waiting" in text:
-            reason += " (its collective timed out waiting for a rank that hangs)"
+            reason += " (a collective timed out waiting for a rank that hangs)"
     else:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         reason = lines[-1] if lines else "no output"

@@ -164,6 +164,20 @@ def progress(engines: list[str]):
 
 
 @contextmanager
+def bench_progress(totals: dict[str, int]):
+    """A bar per engine (and the NumPy floor, the walk-forward) over its timed runs, naming the one last done;
+    yields `tick(row, what, done=True)`: `done=False` only renames the bar (a stage that has started)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(), transient=False) as bar:
+        tasks = {row: bar.add_task(f"{row}: waiting", total=total) for row, total in totals.items()}
+
+        def tick(row: str, what: str, done: bool = True) -> None:
+            bar.update(tasks[row], advance=1 if done else 0, description=f"{row}: {what}")
+
+        yield tick
+
+
+@contextmanager
 def cell_progress(total: int):
     """One bar over the zoo's cells, naming the last one done; yields the handler for each finished cell."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -186,12 +200,29 @@ def print_bench(timings: dict, targets) -> None:
                       fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"),
                       fmt(row["ratio_vs_numpy"], ".2f"))
     console().print(table)
+    if timings.get("zoo"):
+        console().print(_bench_zoo_table(timings["zoo"]))
     for what, value, goal, met in targets:
         mark = "[green]✓[/green]" if met else "[red]✗[/red]"
         unit = "" if "models/s" in what else "×"
         console().print(f"{mark} {what}: {fmt(value, ',.1f')}{unit} (target ≥ {goal:,g}{unit})")
     for engine, why in timings["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")
+
+
+def _bench_zoo_table(zoo: dict) -> Table:
+    """Per zoo model and engine: fit's median, the native loop's (and JAX's fused scan), and each × fit."""
+    table = Table("model", "engine", "fit ms", "native ms", "× fit", "fused scan ms", "× fit",
+                  title="the zoo: the same model through fit and by hand, median of the repeats", title_justify="left")
+    fmt = lambda row, key, spec: "" if row is None or row[key] is None else format(row[key], spec)  # noqa: E731
+    for model, timed in zoo.items():
+        for engine in dict.fromkeys(name.split("-")[1] for name in timed["paths"] if name.startswith("keras-")):
+            fit, native = timed["paths"].get(f"keras-{engine}"), timed["paths"].get(f"{engine}-native")
+            scan = timed["paths"].get("jax-native-scan") if engine == "jax" else None
+            table.add_row(model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
+                          fmt(native, "ratio_vs_fit", ".1f"), fmt(scan, "median_ms", ",.1f"),
+                          fmt(scan, "ratio_vs_fit", ".1f"))
+    return table
 
 
 def print_walk_forward(mse: dict[str, dict[str, float]], timing: dict, windows) -> None:
@@ -231,6 +262,8 @@ def print_distributed(found: dict) -> None:
     if cut:
         console().print(f"fit's rows: the first {min(cut):,} training rows (whole batches), as Keras shards a batch "
                         "evenly; against plain fit on the same rows")
+    for note in found.get("notes", []):
+        console().print(note)
     for engine, why in found["incomplete"].items():
         console().print(f"[red]incomplete[/red]: {engine}: {why}")
 

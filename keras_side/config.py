@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -162,6 +163,16 @@ def load_trained(path) -> tuple[list[np.ndarray], float]:
     """`save_trained`'s weights, in order, and seconds."""
     with np.load(path) as z:
         return [z[f"w_{i}"] for i in range(len(z.files) - 1)], float(z["seconds"])
+
+
+def exit_reason(code: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:  # a signal number without a name
+        return f"killed by signal {-code}"
 
 
 def versions() -> dict[str, str]:

@@ -163,6 +163,11 @@ BUILDERS = {
 }
 
 
+def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
+    """Every BatchNormalization in `model`, nested ones included (what data parallelism must synchronize)."""
+    return [layer for layer in model._flatten_layers() if isinstance(layer, layers.BatchNormalization)]
+
+
 def ensure_built(model: keras.Model, x) -> keras.Model:
     """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built)."""
     if not model.built or not model.weights:

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_npz, save_trained, take
+from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
+                               take)
 from keras_side.spec import SpecError, TrainConfig, training_loss
 from native.jax import loop, optim
 
@@ -40,6 +41,8 @@ from native.jax import loop, optim
 JOIN_TIMEOUT_S = 60
 QUIET_TIMEOUT_S = 60
 START_TIMEOUT_S = 900
+# The walk-forward is one compiled call that reports no steps: a bound on the whole run instead (it takes seconds).
+WALK_FORWARD_TIMEOUT_S = 3600
 
 
 def put(array, sharding: NamedSharding) -> jax.Array:
@@ -145,13 +148,16 @@ def _work(args) -> int:
 
 
 def _progress(path: str):
-    """An `on_step` that waits for the step to finish and writes how many have: what the launcher watches."""
-    fd, done = os.open(path, os.O_WRONLY | os.O_CREAT), [0]
+    """An `on_step` that writes how many steps have finished: what the launcher watches. It waits for the step
+    before the one just dispatched, so one step is always in flight, as in the one-process loop it is timed against."""
+    fd, done, previous = os.open(path, os.O_WRONLY | os.O_CREAT), [0], [None]
 
     def on_step(state):
-        jax.block_until_ready(state)
-        done[0] += 1
-        os.pwrite(fd, b"%20d" % done[0], 0)
+        if previous[0] is not None:
+            jax.block_until_ready(previous[0])
+            done[0] += 1
+            os.pwrite(fd, b"%20d" % done[0], 0)
+        previous[0] = state
     return on_step
 
 
@@ -163,9 +169,16 @@ def _steps(path: Path) -> int:
 
 
 def _fit(args) -> int:
-    """`fit` under DataParallel over this process's devices (one: plain fit); the weights and seconds to --out."""
+    """`fit` under DataParallel over this process's devices (one: plain fit); the weights and seconds to --out.
+    With --devices, exactly that many or an error: a run that sees one device would be plain fit, passing a
+    data-parallel check that tested nothing."""
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
+
+    if args.devices is not None and len(jax.devices()) != args.devices:
+        raise SystemExit(f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "
+                         f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
+                         f"={args.devices} before JAX starts")
 
     data = HarData.load(Path(args.data))
     cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
@@ -182,7 +195,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
     its result is returned (else process 0's, with every process's stderr). A run in which no process finishes a
     step for QUIET_TIMEOUT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
-    of its stderr saying so (the walk-forward reports no steps: only a dead process ends it early)."""
+    of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_TIMEOUT_S."""
     port = port or _free_port()
     env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
     quiet_timeout = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_TIMEOUT_S))
@@ -200,13 +213,17 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                                                    "--process-id", str(i), "--progress", str(steps[i])],
                                                   env=env, stdout=log, stderr=log))
             failed, seen, since = None, None, time.monotonic()
+            started = since
             while failed is None and quiet is None and any(p.poll() is None for p in procs):
                 failed = next((p for p in procs if p.poll() not in (None, 0)), None)
                 now = [_steps(s) for s in steps]
                 if now != seen:
                     seen, since = now, time.monotonic()
                 limit = quiet_timeout if any(now) else START_TIMEOUT_S
-                if time.monotonic() - since > limit and not walk_forward:
+                if walk_forward and time.monotonic() - started > WALK_FORWARD_TIMEOUT_S:
+                    quiet = (f"the walk-forward ran past {WALK_FORWARD_TIMEOUT_S} s: a process hangs, or waits in "
+                             f"a collective for one that does; stopped all {processes}")
+                elif time.monotonic() - since > limit and not walk_forward:
                     quiet = (f"no process finished a step for {limit:g} s (steps finished: "
                              f"{', '.join(f'process {i}: {n}' for i, n in enumerate(now))}): a process hangs, or "
                              f"waits in a collective for one that does; stopped all {processes}")
@@ -224,14 +241,10 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
         if quiet:
             return subprocess.CompletedProcess(chosen.args, 124, "", f"{text}\njax.distributed: {quiet}\n")
         if failed:  # which ended first is not known within a poll: a peer's collective fails as soon as it dies
-            ended = [f"process {i}: {_how(p.returncode)}" for i, p in enumerate(procs)
+            ended = [f"process {i}: {exit_reason(p.returncode)}" for i, p in enumerate(procs)
                      if p.returncode and p.pid not in stopped]
             text += f"\njax.distributed: {len(ended)} of {processes} failed ({', '.join(ended)}); stopped the rest\n"
         return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
-
-
-def _how(code: int) -> str:
-    return f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
 
 
 def _free_port() -> int:
@@ -256,6 +269,7 @@ def main(argv=None) -> int:
                         "rows, x_next): train every model, the model axis over the processes; --out gets forecasts")
     parser.add_argument("--fit", action="store_true", help="model.fit under keras.distribution.DataParallel over "
                         "this one process's devices instead (XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    parser.add_argument("--devices", type=int, default=None, help="with --fit: the devices JAX must see")
     args = parser.parse_args(argv)
     if args.fit:
         return _fit(args)

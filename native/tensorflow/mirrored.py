@@ -44,9 +44,9 @@ def use_cpus(replicas: int) -> list[str]:
 
 def synchronize_batchnorm(model) -> int:
     """Every BatchNormalization in `model` takes the global batch's moments under a strategy; returns how many."""
-    import keras
+    from keras_side.models import batchnorm_layers
 
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = batchnorm_layers(model)
     for layer in layers:
         layer.synchronized = True
     return len(layers)

@@ -19,9 +19,10 @@ BatchNorm: Keras on torch holds a BatchNormalization's moving statistics as Para
 neither averages nor broadcasts, so left alone each rank would normalize by its own shard's moments and move its own
 averages (measured: 3e-2 from one process after 2 epochs). `synchronize_batchnorm` does for Keras's layer what
 `torch.nn.SyncBatchNorm` does for torch's: the batch moments from sums all-reduced over the ranks, with autograd
-through the all-reduce, so every rank normalizes by the global batch's moments and moves the same averages, and the
-gradients are the global batch's. `train` applies it. Dropout is not data-parallel-exact: each rank draws a mask for
-its own shard from the same seed state, not its rows of the global batch's mask; such models are not run here.
+through the all-reduce (`AllReduceSum`), so every rank normalizes by the global batch's moments and moves the same
+averages, and the gradients are the global batch's. `train` applies it. Dropout is not data-parallel-exact: each
+rank draws a mask for its own shard from the same seed state, not its rows of the global batch's mask; such models
+are not run here.
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as collective
 from torch.nn.parallel import DistributedDataParallel
 
 from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, save_trained, shard, take
@@ -53,13 +53,31 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("NATIVE_LOO
 
 
 def synchronize_batchnorm(model) -> int:
-    """Every Keras BatchNormalization in `model` takes its batch moments over every rank's rows; returns how many."""
-    import keras
+    """Every Keras BatchNormalization in `model` takes its batch moments over every rank's rows; returns how many.
+    It replaces the layer's `_moments`, which Keras 3.15.1's `call` asks for the batch moments (a test pins that)."""
+    from keras_side.models import batchnorm_layers
 
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = batchnorm_layers(model)
     for layer in layers:
         layer._moments = types.MethodType(_global_moments, layer)
     return len(layers)
+
+
+class AllReduceSum(torch.autograd.Function):
+    """The sum over the ranks, differentiable: every rank's loss depends on every rank's rows through it, so its
+    gradient is the sum over the ranks of the incoming gradients (torch's SyncBatchNorm does the same)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
 
 
 def _global_moments(layer, inputs, mask):
@@ -70,7 +88,7 @@ def _global_moments(layer, inputs, mask):
     axes = tuple(layer._reduction_axes)
     rows = torch.tensor(float(math.prod(inputs.shape[a] for a in axes)), device=inputs.device)
     dist.all_reduce(rows)
-    sums = collective.all_reduce(torch.stack([torch.sum(inputs, dim=axes), torch.sum(torch.square(inputs), dim=axes)]))
+    sums = AllReduceSum.apply(torch.stack([torch.sum(inputs, dim=axes), torch.sum(torch.square(inputs), dim=axes)]))
     mean = sums[0] / rows
     return mean, sums[1] / rows - torch.square(mean)
 

@@ -83,7 +83,8 @@ TRAINING_CASES = [
     (["compare", "--epochs", "100000000"], "--epochs 100,000,000 over 2,263 training rows draws 226,300,000,000 rows"),
     (["train", "--path", "jax-native", "--epochs", "100000"], "ask for at most 22,094 epochs"),
     (["bench", "--epochs", "30000"], "more than the 50,000,000 held in memory"),
-    (["walk-forward", "--epochs", "100000"], "ask for at most"),
+    (["walk-forward", "--epochs", "100000000"], "the walk-forward draws every epoch's key up front; ask for at most "
+                                                "10,000,000 epochs"),
 ]
 
 

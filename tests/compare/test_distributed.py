@@ -39,7 +39,7 @@ def test_a_model_with_two_outputs_too(tmp_path):
     (["--processes", "1000"], "--processes must be between 1 and this machine's"),
     (["--engines", "mxnet"], "unknown engine(s) mxnet"),
     (["--model", "resnet"], "--model must be one of har, mlp_l2, bn_mlp, lstm, conv1d, two_horizons, classifier"),
-    (["--model", "har_recent"], "has sample weights, which the data-parallel loops do not take"),
+    (["--model", "har_recent"], "got 'har_recent': its sample weights are not taken by the data-parallel loops"),
     (["--model", "dropout_mlp"], "only JAX (one global batch) can end where one process ends; pass --engines jax"),
     (["--model", "dropout_mlp", "--engines", "jax,torch"], "pass --engines jax"),
     (["--epochs", "100000"], "ask for at most"),
@@ -65,7 +65,7 @@ def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch)
     code = cli.main(["distributed", "--engines", "torch,jax", "--epochs", "1", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 3 and set(report["incomplete"]) == {"torch", "jax"}, report
-    assert report["incomplete"]["torch"].startswith("2 processes failed (exit 1): rank 1 failed first (exit code 3)")
+    assert report["incomplete"]["torch"].startswith("2 processes failed (exit 1): torchrun saw rank 1 (exit code 3)")
     assert "jax.distributed: 1 of 2 failed (process 1: exit code 3)" in report["incomplete"]["jax"]
     for engine, logged in (("torch", "Root Cause (first observed failure)"), ("jax", "--- process 1 (exit 3)")):
         assert f"output: {engine}-2.log in the run folder" in report["incomplete"][engine]
@@ -78,3 +78,53 @@ def _without_one_process_faults(run):
     def wrapped(*args, windows=None, **kwargs):
         return run(*args, windows=None, **kwargs)
     return wrapped
+
+
+TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+native.torch.ddp FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_19:36:02
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : {other} (pid: 13457)
+  error_file: <N/A>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_19:36:02
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 3 (pid: 13458)
+  error_file: <N/A>
+============================================================
+"""
+
+
+@pytest.mark.parametrize("other, named", [
+    (-15, "torchrun saw rank 1 (exit code 3) and stopped the others"),  # rank 0 stopped by torchrun: not a failure
+    (1, "torchrun saw rank 1 (exit code 3), rank 0 (exit code 1) and stopped"),  # its collective broke: a tie
+    (-9, "rank 1 (exit code 3), rank 0 (killed by signal 9 (SIGKILL))"),
+    (-40, "rank 0 (killed by signal 40)"),  # a signal without a name is still one line
+])
+def test_a_torchrun_failure_lists_every_rank_that_failed(other, named):
+    from subprocess import CompletedProcess
+
+    from compare import distributed
+
+    launched = CompletedProcess([], 1, "", "noise\n" + TORCHRUN_SUMMARY.format(other=other))
+    line = distributed._failure(launched, "2 processes", "torch-2.log")
+    assert named in line and line.endswith("; output: torch-2.log in the run folder") and "\n" not in line
+
+
+def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split(tmp_path):
+    """--processes 3 with batches of 128: Keras cannot shard them, so the fit checks are a note, not a failure."""
+    from compare import distributed
+    from keras_side.spec import TrainConfig
+
+    notes, incomplete = [], {}
+    found = distributed._fit_checks(None, TrainConfig(), ["jax", "tensorflow"], 3, tmp_path, {}, "b", incomplete,
+                                    notes, lambda *a: None)
+    assert found == {} and incomplete == {} and "a batch of 128 rows does not split over 3 devices" in notes[0]

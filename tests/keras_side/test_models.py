@@ -83,3 +83,27 @@ def test_models_command_lists_every_builder(capsys):
     for name in models.BUILDERS:
         assert f"{name} ({ENGINE})" in text
     assert "Embedding" in text and "GaussianNoise" in text
+
+
+def test_batchnorm_takes_its_batch_moments_from_moments_only_when_training():
+    """The data-parallel loops synchronize a BatchNormalization by replacing `_moments` (torch) or setting
+    `synchronized` (TensorFlow), private parts of Keras 3.15.1: this pins that `call` asks `_moments` for the batch
+    moments in training and uses what it returns, so an upgrade that stops doing so fails here, not silently."""
+    model = models.bn_mlp()
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    model(x)
+    (bn,) = models.batchnorm_layers(model)
+    calls = []
+
+    def planted(inputs, mask):
+        calls.append(tuple(inputs.shape))
+        return keras.ops.zeros((8,)), keras.ops.ones((8,))
+
+    bn._moments = planted
+    hidden = keras.Model(model.inputs[0], model.get_layer("bn").output)
+    out = keras.ops.convert_to_numpy(hidden(x, training=True))
+    assert calls == [(16, 8)]  # asked once, for the batch's moments
+    pre = keras.ops.convert_to_numpy(model.get_layer("hidden")(x))
+    np.testing.assert_allclose(out, pre / np.sqrt(1 + bn.epsilon), rtol=1e-6)  # normalized by what it returned
+    hidden(x, training=False)
+    assert calls == [(16, 8)]  # inference: the moving statistics, not `_moments`

@@ -1,6 +1,7 @@
 """The JAX loop data-parallel (`native/jax/sharded.py`): the batch axis sharded over two host devices in one
 process, and over two processes joined by jax.distributed (gloo CPU collectives), ends where one device ends on the
 same global batches; a process that dies ends the run at once, with no weights written."""
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,7 +70,10 @@ def test_a_process_that_hangs_is_stopped_when_no_step_finishes(har, tmp_path):
                             "tests.native.faults:hangs_mid_run", env={"NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S": "10"})
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 124 and "no process finished a step for 10 s" in last, result.stderr[-3000:]
-    assert "process 0: 4, process 1: 4" in last  # both finished four steps; the fifth never ends
+    # both processes stand at the same step, before the 5th: a finished step is counted once the next one is on its
+    # way (one step in flight), so the count is 3 or 4 as dispatch runs ahead
+    counts = [int(n) for n in re.findall(r"process \d: (\d+)", last)]
+    assert len(counts) == 2 and counts[0] == counts[1] and 3 <= counts[0] <= 4, last
     assert not Path(tmp_path / "weights.npz").exists()
     assert faults.processes_naming(tmp_path) == []
 

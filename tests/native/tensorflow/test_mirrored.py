@@ -60,6 +60,19 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
         assert (gap(one, parallel) <= DATA_PARALLEL_ATOL) is within, gap(one, parallel)
 
 
+def test_fit_under_the_strategy_with_batchnorm_synchronized(har, tmp_path):
+    """`fit` under the strategy on a BatchNorm model (`fit_train` sets Keras's `synchronized=True`): the global
+    batch's moments on every replica, so equal to one process's plain `fit` when every batch splits evenly."""
+    from dataclasses import replace
+
+    from keras_side import fit
+
+    even = replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200])
+    parallel = mirrored_run(even, tmp_path, "keras_side.models:bn_mlp", "--fit")
+    seed_everything(0)
+    assert gap(fit.train(resolve("keras_side.models:bn_mlp")(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
 def test_the_cpu_cannot_be_split_once_tensorflow_runs():
     import tensorflow as tf
 

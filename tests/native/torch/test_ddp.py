@@ -67,3 +67,33 @@ def test_a_rank_that_hangs_ends_the_launch_at_the_collective_timeout(har, tmp_pa
     assert proc.returncode != 0 and "Timed out waiting 10000ms" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "weights.npz").exists()
     assert faults.processes_naming(tmp_path) == []
+
+
+# float32 sums in another order than torch.mean's: a few ulps of the moments' size.
+MOMENTS_RTOL = 1e-6
+
+
+def test_synchronized_moments_are_kerass_on_inputs_of_any_rank(tmp_path):
+    """The moments `synchronize_batchnorm` puts in a BatchNormalization, on a (rows, steps, features) input whose
+    reduction axes are (0, 1), in a gloo group of one process (the all-reduce is then the identity; two processes
+    are the launch tests above): Keras's own moments and their gradients, per feature."""
+    import keras
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = keras.Sequential([keras.Input((5, 4)), keras.layers.BatchNormalization(name="bn")])
+        assert ddp.synchronize_batchnorm(model) == 1
+        layer = model.get_layer("bn")
+        x = torch.randn(6, 5, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        mean, variance = layer._moments(x, None)
+        want_mean, want_variance = keras.ops.moments(x, axes=[0, 1])
+        assert mean.shape == variance.shape == (4,)
+        for got, want in ((mean, want_mean), (variance, want_variance)):
+            np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=MOMENTS_RTOL, atol=0)
+        got_grad = torch.autograd.grad((mean * 2 + variance * 3).sum(), x)[0]
+        want_grad = torch.autograd.grad((want_mean * 2 + want_variance * 3).sum(), x)[0]
+        np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), rtol=MOMENTS_RTOL, atol=1e-7)
+    finally:
+        dist.destroy_process_group()
