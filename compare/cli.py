@@ -80,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
     _train_options(p)
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per path (default: %(default)s)")
+    p.add_argument("--models", default=None, help="comma-separated zoo models to time too (fit, the native loop, "
+                   "JAX's fused scan), or 'all'; `native-loops models` lists them")
     p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
 
     p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")

@@ -6,7 +6,8 @@ from compare import cli
 
 def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "2", "--json", str(out)]) == 0
+    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "2", "--models", "mlp_l2",
+                     "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-native-engine",
                                     "torch-native-compile-engine", "keras-jax", "jax-native", "jax-native-scan",
@@ -20,4 +21,21 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     assert walk["jax-vmap-1dev"]["models"] == walk["jax-vmap-2dev"]["models"] > 500
     assert all(w["seconds"] > 0 and w["models_per_s"] > 0 for w in walk.values())
     assert walk["keras-jax-fit-extrapolated"]["measured_refits"] == 2 and walk["torch-vmap"]["seconds"] > 0
-    assert "jax-native-scan vs fit" in capsys.readouterr().out
+    # --models: the zoo table, the same schema per model, the ratios to its engine's fit, no NumPy floor
+    zoo = report["zoo"]["mlp_l2"]
+    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "keras-jax", "jax-native", "jax-native-scan"}
+    assert all(row["median_ms"] > 0 and row["ratio_vs_fit"] > 0 and row["ratio_vs_numpy"] is None
+               for row in zoo["paths"].values())
+    assert zoo["steps"] == report["steps"] and not report["incomplete"]
+    printed = capsys.readouterr().out
+    assert "jax-native-scan vs fit" in printed and "mlp_l2: torch-native vs fit" in printed
+    assert "the zoo: the same model through fit and by hand" in printed
+    # progress while it runs: a bar per engine counting its timed runs (paths × repeats), the floor, the walk-forward
+    assert "torch: torch-native-compile-engine" in printed and "numpy: numpy-floor" in printed
+    assert "walk-forward: 582 models on jax and torch" in printed and "zoo mlp_l2: jax jax-native-scan" in printed
+
+
+def test_an_unknown_model_is_one_line_before_anything_runs(capsys):
+    assert cli.main(["bench", "--models", "resnet"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model(s) resnet" in err and err.count("\n") == 1
