@@ -101,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run, replicas on "
                    "TensorFlow (default: %(default)s; at most one per core)")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--fit", action=argparse.BooleanOptionalAction, default=True, help="also check fit under "
+                   "Keras's own distribution, JAX and TensorFlow (default: yes; --no-fit: the native loops only)")
     p.add_argument("--model", default="har", help="a zoo model (default: %(default)s): har, mlp_l2, bn_mlp, lstm, "
                    "conv1d, two_horizons, classifier, panel; dropout_mlp with --engines jax")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")

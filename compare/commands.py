@@ -349,7 +349,7 @@ def distributed(args: argparse.Namespace) -> int:
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
             found = dist.run(prepared, cfg, engines, processes=args.processes, folder=tmp, build=entry.build,
-                             windows=windows, on_event=on_event)
+                             windows=windows, fit=args.fit, on_event=on_event)
         report.print_distributed(found)
         write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
         logs = [] if found["incomplete"] else list(tmp.glob("*.log"))  # a failed launch's output stays, named

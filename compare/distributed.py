@@ -93,7 +93,7 @@ def _run(command: list[str], env: dict, log: Path) -> subprocess.CompletedProces
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, folder: Path,
-        build: str = "keras_side.models:har", windows: dict | None = None,
+        build: str = "keras_side.models:har", windows: dict | None = None, fit: bool = True,
         on_event=lambda engine, event: None) -> dict:
     """Every engine once in one process and once in `processes`; with `windows` (the walk-forward's model inputs:
     x, y, rows, x_next), JAX's walk-forward too, its model axis over 1 and `processes` processes. The JSON of
@@ -129,7 +129,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
                          "launch_seconds": wall}
-    fits = [e for e in engines if e in FIT_RUNTIMES and e not in incomplete]
+    fits = [e for e in engines if e in FIT_RUNTIMES and e not in incomplete] if fit else []
     if fits:
         found |= _fit_checks(data, cfg, fits, processes, folder, config, build, incomplete, notes, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
