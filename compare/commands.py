@@ -8,11 +8,11 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from compare import bench as bench_paths
+from compare.speed import bench as bench_paths
 from compare import distributed as dist
 from compare import checks, figures, paths, reference, report, runner, synthetic, tolerances
 from compare import data as har_data
-from compare import walk_forward as walk
+from compare.speed import walk_forward as walk
 from compare import zoo as zoo_matrix
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, write_json

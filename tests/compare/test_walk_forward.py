@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from compare import cli, data
-from compare import walk_forward as wf
+from compare.speed import walk_forward as wf
 from compare.tolerances import SHARDED_ATOL, WALK_FORWARD_MSE_RTOL
 from keras_side.spec import TrainConfig
 

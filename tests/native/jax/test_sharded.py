@@ -103,7 +103,7 @@ def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
 def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(panel, tmp_path):
     """Every walk-forward refit of two assets, the model axis split over two jax.distributed processes (one device
     each): the forecasts one device gives, model for model (each model's key comes from the seed alone)."""
-    from compare import walk_forward
+    from compare.speed import walk_forward
     from compare.tolerances import SHARDED_ATOL
     from keras_side import models
     from native.jax import many
