@@ -166,11 +166,10 @@ def native_weights(request: dict, send) -> dict:
 def bench(request: dict, send) -> dict:
     """Train each requested path `repeats` times, alternating paths, and report each wall time."""
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
-    build = resolve(request.get("build", "keras_side.models:har"))
     for _ in range(request["repeats"]):
         for name in request["paths"]:
             seed_everything(cfg.seed)
-            result = paths.get(name).train(build(), data, cfg)
+            result = paths.get(name).train(_model(request, data), data, cfg)
             send(event="timing", path=name, seconds=result.train_seconds, compile_seconds=result.compile_seconds)
     return {}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -149,6 +150,13 @@ class TrainConfig:
         if self.optimizer == "adamw":
             return KERAS_ADAMW_DECAY if self.weight_decay is None else self.weight_decay
         return None
+
+
+def data_parallel_config(fields: str) -> TrainConfig:
+    """The spec a data-parallel launcher trains, from its `--config` JSON of TrainConfig fields: the shared NumPy
+    batch order (every process cuts the same global batches) and no validation curve, unless the JSON says
+    otherwise."""
+    return TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(fields)})
 
 
 def _problems(c: TrainConfig):

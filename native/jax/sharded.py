@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
                                take)
-from keras_side.spec import SpecError, TrainConfig, training_loss
+from keras_side.spec import SpecError, TrainConfig, data_parallel_config, training_loss
 from native.jax import loop, optim
 
 # jax.distributed's coordinator waits this long for every process to join; a process that dies later is seen by
@@ -123,7 +123,7 @@ def _work(args) -> int:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id,
                                initialization_timeout=JOIN_TIMEOUT_S)
-    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    cfg = data_parallel_config(args.config)
     if args.walk_forward:  # every walk-forward model, the model axis sharded over every process's device
         from keras_side import models
         from native.jax import many
@@ -181,7 +181,7 @@ def _fit(args) -> int:
                          f"={args.devices} before JAX starts")
 
     data = HarData.load(Path(args.data))
-    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    cfg = data_parallel_config(args.config)
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = fit_train(resolve(args.build), data, cfg)

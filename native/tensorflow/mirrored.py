@@ -19,7 +19,6 @@ is not data-parallel-exact: each replica draws a mask for its own shard; such mo
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import tensorflow as tf
 
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import ensure_built
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
+from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_loss, keras_optimizer
 
 
 def use_cpus(replicas: int) -> list[str]:
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
     from keras_side.spec import resolve
 
     data = HarData.load(Path(args.data))
-    cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+    cfg = data_parallel_config(args.config)
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, save_trained, shard, take
-from keras_side.spec import SpecError, TrainConfig
+from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
 from native.torch.loop import _tensors, spec_loss
 
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
         data = HarData.load(Path(args.data))
-        cfg = TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(args.config)})
+        cfg = data_parallel_config(args.config)
         seed_everything(cfg.seed)
         model = ensure_built(resolve(args.build)(), data.x_train)
         start = time.perf_counter()
