@@ -73,19 +73,25 @@ def _cpu_torch_pin():
                 if line.startswith("torch==") and "+cpu" in line)
 
 
-def torch_index(python=sys.executable, override=""):
+def torch_index(override=""):
     """The index for torch's CPU build on Linux: none when pip already finds it (a wheel folder in pip's
     config, as on our CI machine, or installed), else the PyTorch CPU index; `override` ("none" or a URL) wins."""
     if override:
         return None if override == "none" else override
     if sys.platform != "linux":
         return None
-    probe = _pip(python, "install", "--dry-run", "--no-deps", _cpu_torch_pin())
+    probe = _pip(sys.executable, "install", "--dry-run", "--no-deps", _cpu_torch_pin())
     return None if probe.returncode == 0 else TORCH_CPU_INDEX
 
 
 def _without(lines, names):
     return [line for line in lines if _name(line) not in names]
+
+
+def _constraints(cuda: bool) -> list[str]:
+    """The pins, less the CPU builds that the CUDA set replaces."""
+    lines = _lines(CONSTRAINTS.read_text())
+    return _without(lines, CPU_ONLY_PINS) if cuda else lines
 
 
 def install(device, index_override):
@@ -104,15 +110,13 @@ def install(device, index_override):
     if marker.exists() and marker.read_text().strip() != device:
         fail(f"{sys.prefix} holds the DEVICE={marker.read_text().strip()} set: run `make clean` before installing "
              f"DEVICE={device}")
-    args = ["install", "-c", str(CONSTRAINTS)]
     if device == "cpu":
         index = torch_index(override=index_override)
-        args += ["--extra-index-url", index] if index else []
-        args += ["-e", f"{ROOT}[tensorflow,test]"]
+        args = ["install", "-c", str(CONSTRAINTS), *(["--extra-index-url", index] if index else []),
+                "-e", f"{ROOT}[tensorflow,test]"]
     else:
         cuda_constraints = Path(sys.prefix) / "constraints-cuda.txt"
-        lines = _without(CONSTRAINTS.read_text().splitlines(), CPU_ONLY_PINS)
-        cuda_constraints.write_text("\n".join(lines) + "\n")
+        cuda_constraints.write_text("\n".join(_constraints(cuda=True)) + "\n")
         args = ["install", "-c", str(cuda_constraints), "-e", f"{ROOT}[test]", *CUDA_PINS]
     command = [sys.executable, "-m", "pip", *args, "--quiet"]
     print(" ".join(command), flush=True)
@@ -178,10 +182,9 @@ def resolve(target, python, index):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = ("test",) if target.cuda else ("tensorflow", "test")
     requirements = project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]]
-    constraints = _lines(CONSTRAINTS.read_text())
+    constraints = _constraints(target.cuda)
     if target.cuda:
         requirements += list(CUDA_PINS)
-        constraints = _without(constraints, CPU_ONLY_PINS)
     # On Linux, torch's CPU build comes from the PyTorch CPU index unless a wheel folder here has it.
     cpu_torch = target.markers["sys_platform"] == "linux" and not target.cuda
     status, stderr, resolved = _dry_run(target, python, requirements, constraints, None)
