@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy as np
 from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, exit_reason, first, load_trained, take, versions
+from keras_side.config import HarData, exit_reason, load_trained, versions, whole_batches
 from keras_side.spec import TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
@@ -138,17 +137,6 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
             del found["walk-forward"]
     return {"processes": processes, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
-
-
-def whole_batches(data: HarData, batch_size: int, parts: int) -> HarData:
-    """The data cut so that every batch splits evenly over `parts` devices: the training rows to whole batches (a
-    batch size that `parts` divides), the validation and test rows to a multiple of `parts`."""
-    def cut(a, multiple):
-        return take(a, slice(0, len(first(a)) // multiple * multiple))
-
-    return replace(data, x_train=cut(data.x_train, batch_size), y_train=cut(data.y_train, batch_size),
-                   x_val=cut(data.x_val, parts), y_val=cut(data.y_val, parts),
-                   x_test=cut(data.x_test, parts), y_test=cut(data.y_test, parts))
 
 
 def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict,

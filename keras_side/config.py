@@ -130,6 +130,18 @@ def batch_slices(n: int, batch_size: int) -> list[slice]:
     return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
 
+def whole_batches(data: HarData, batch_size: int, parts: int) -> HarData:
+    """The data cut so that every batch splits evenly over `parts` devices (what Keras's distributed `fit` needs):
+    the training rows to whole batches (a batch size that `parts` divides), the validation and test rows to a
+    multiple of `parts`."""
+    def cut(a, multiple):
+        return take(a, slice(0, len(first(a)) // multiple * multiple))
+
+    return dataclasses.replace(data, x_train=cut(data.x_train, batch_size), y_train=cut(data.y_train, batch_size),
+                               x_val=cut(data.x_val, parts), y_val=cut(data.y_val, parts),
+                               x_test=cut(data.x_test, parts), y_test=cut(data.y_test, parts))
+
+
 def shard(rows: slice, rank: int, world: int) -> slice:
     """A replica's (or a process's) contiguous part of a global batch's rows; the first ones take one row more when
     the batch does not split evenly."""

@@ -2,7 +2,6 @@
 process, and over two processes joined by jax.distributed (gloo CPU collectives), ends where one device ends on the
 same global batches; a process that dies ends the run at once, with no weights written."""
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import load_trained
+from keras_side.config import load_trained, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side import fit
 from keras_side.spec import SpecError, TrainConfig, resolve
@@ -78,14 +77,8 @@ def test_a_process_that_hangs_is_stopped_when_no_step_finishes(har, tmp_path):
     assert faults.processes_naming(tmp_path) == []
 
 
-def whole_batches(har):
-    """2,200 training rows and 2,000 test rows: every batch of 100 (and the test set) splits over two devices."""
-    return replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200], x_test=har.x_test[:2000],
-                   y_test=har.y_test[:2000])
-
-
 def test_fit_under_keras_data_parallel_ends_where_one_device_ends(har):
-    data = whole_batches(har)
+    data = whole_batches(har, SPEC["batch_size"], 2)  # 2,200 training rows: every batch splits over two devices
     seed_everything(0)
     one = fit.train(resolve("keras_side.models:har")(), data, CFG).weights
     seed_everything(0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compare.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import load_trained
+from keras_side.config import load_trained, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
@@ -48,11 +48,9 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
     """`fit` under MirroredStrategy: equal to one process when every batch splits evenly; with the short last batch
     (63 rows over 2 replicas) it averages the replicas' own means with equal weights, where the global batch's mean
     weighs each replica by its rows: measured 2.3e-5 after 2 epochs. The loop above weighs them by rows."""
-    from dataclasses import replace
-
     from keras_side import fit
 
-    even = replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200])
+    even = whole_batches(har, SPEC["batch_size"], 2)  # 2,200 training rows: every batch splits over two replicas
     for data, within in ((even, True), (har, False)):
         parallel = mirrored_run(data, tmp_path, "keras_side.models:har", "--fit")
         seed_everything(0)
@@ -63,11 +61,9 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
 def test_fit_under_the_strategy_with_batchnorm_synchronized(har, tmp_path):
     """`fit` under the strategy on a BatchNorm model (`fit_train` sets Keras's `synchronized=True`): the global
     batch's moments on every replica, so equal to one process's plain `fit` when every batch splits evenly."""
-    from dataclasses import replace
-
     from keras_side import fit
 
-    even = replace(har, x_train=har.x_train[:2200], y_train=har.y_train[:2200])
+    even = whole_batches(har, SPEC["batch_size"], 2)
     parallel = mirrored_run(even, tmp_path, "keras_side.models:bn_mlp", "--fit")
     seed_everything(0)
     assert gap(fit.train(resolve("keras_side.models:bn_mlp")(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
