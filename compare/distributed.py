@@ -31,7 +31,7 @@ from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
 from keras_side.config import HarData, exit_reason, load_trained, versions, whole_batches
-from keras_side.spec import TrainConfig
+from keras_side.spec import DATA_PARALLEL, TrainConfig
 
 ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models that data parallelism can train as one process does (docs/distributed.md): BatchNorm takes the
@@ -97,7 +97,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
     """Every engine once in one process and once in `processes`; with `windows` (the walk-forward's model inputs:
     x, y, rows, x_next), JAX's walk-forward too, its model axis over 1 and `processes` processes. The JSON of
     `distributed.json`."""
-    cfg = cfg.replace(batch_order="numpy", validate=False)  # the same global batches everywhere
+    cfg = cfg.replace(**DATA_PARALLEL)  # the same global batches everywhere
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
     found, incomplete, notes = {}, {}, []

@@ -152,11 +152,15 @@ class TrainConfig:
         return None
 
 
+# What data parallelism trains with: the shared NumPy batch order (every process cuts the same global batches) and
+# no validation curve.
+DATA_PARALLEL = {"batch_order": "numpy", "validate": False}
+
+
 def data_parallel_config(fields: str) -> TrainConfig:
-    """The spec a data-parallel launcher trains, from its `--config` JSON of TrainConfig fields: the shared NumPy
-    batch order (every process cuts the same global batches) and no validation curve, unless the JSON says
-    otherwise."""
-    return TrainConfig(**{"batch_order": "numpy", "validate": False, **json.loads(fields)})
+    """The spec a data-parallel launcher trains, from its `--config` JSON of TrainConfig fields: DATA_PARALLEL's,
+    unless the JSON says otherwise."""
+    return TrainConfig(**{**DATA_PARALLEL, **json.loads(fields)})
 
 
 def _problems(c: TrainConfig):
