@@ -107,6 +107,27 @@ def parser() -> argparse.ArgumentParser:
                    "conv1d, two_horizons, classifier, panel; dropout_mlp with --engines jax")
     p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
+    p = sub.add_parser("seeds", help="the model trained with many seeds at once on each engine: is the gap between "
+                       "engines' default runs bigger than a change of seed? (exit 0 only when it is not)")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--seeds", type=int, default=200, help="seeds per engine (default: %(default)s)")
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--model", default="har", help="a zoo model (default: %(default)s; slopes are the HAR's): "
+                   f"{', '.join(ZOO)}")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+
+    p = sub.add_parser("sweep", help="a grid of learning rates × batch sizes of the HAR, every seed of a batch size "
+                       "in one vmapped call: validation MSE per cell against OLS")
+    _data_options(p)
+    _train_options(p)
+    p.add_argument("--learning-rates", default="0.001,0.003,0.01,0.03,0.1", help="comma-separated (default: "
+                   "%(default)s)")
+    p.add_argument("--batch-sizes", default="32,128,512", help="comma-separated (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=8, help="seeds per cell, averaged (default: %(default)s)")
+    p.add_argument("--engines", default="jax,torch", help="comma-separated, of jax and torch (default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+
     p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "
                        "batches; exit 0 only when every cell is within tolerance")
     _data_options(p)
@@ -129,6 +150,8 @@ COMMANDS = {
     "walk-forward": commands.walk_forward,
     "zoo": commands.zoo,
     "distributed": commands.distributed,
+    "seeds": commands.seeds,
+    "sweep": commands.sweep,
 }
 
 

@@ -8,12 +8,16 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from compare.speed import bench as bench_paths
 from compare import distributed as dist
 from compare import checks, figures, paths, reference, report, runner, synthetic, tolerances
 from compare import data as har_data
+from compare.speed import sweep as grid
 from compare.speed import walk_forward as walk
 from compare import zoo as zoo_matrix
+from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, write_json
 from keras_side.backend import keras_defaults, use_backend
@@ -180,10 +184,15 @@ def compare(args: argparse.Namespace) -> int:
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
             outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, har=har, same_epochs=same_epochs,
-                                 float64=args.float64, on_event=on_event)
+                                 float64=args.float64, on_event=on_event,
+                                 seeds=seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if har else ())
         results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick,
                                         draws_randomness=entry.draws,
                                         same_epochs=same_epochs if same_epochs < cfg.epochs else None)
+        spreads = {e: seed_noise.Spread.of_compare(outcome.engine_folder(e), results[f"keras-{e}"], prepared)
+                   for e in outcome.complete} if har else {}
+        if any(s.seeds is not None for s in spreads.values()):  # the HAR's: is an engine's run beyond seed noise?
+            found += seed_noise.seed_noise(spreads)
         if ols:
             report.print_paths_table(ols, results, prepared)
         else:
@@ -193,7 +202,8 @@ def compare(args: argparse.Namespace) -> int:
         if args.quick:
             report.console().print(f"--quick: {cfg.epochs} epochs" + (", so ols_reached is not judged" if har else ""))
         summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {
-            "quick": args.quick, "model": args.model}
+            "quick": args.quick, "model": args.model,
+            "seed_noise": seed_noise.summary(spreads, prepared.features) if spreads else None}
         write_json(tmp / "report.json", summary)
         figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse if ols else None)
         if ols:
@@ -359,3 +369,127 @@ def distributed(args: argparse.Namespace) -> int:
     if found["incomplete"]:
         return 3
     return 0 if dist.passed(found) else 1
+
+
+# --seeds: pairs of seeds are the yardstick, so two at least; every pair's gap is held (n²/2 of them).
+MAX_SEEDS = 5000
+
+
+def seeds(args: argparse.Namespace) -> int:
+    """Exit 0 when every engine pair's default runs are within the seeds' spread, 1 when one is not, 3 when an
+    engine is missing or failed."""
+    engines = parse_engines(args.engines)
+    if not 2 <= args.seeds <= MAX_SEEDS:
+        raise NativeLoopsError(f"--seeds must be between 2 and {MAX_SEEDS:,} (the spread is measured between pairs "
+                               f"of seeds), got {args.seeds}")
+    if args.model not in zoo_matrix.ZOO:
+        raise NativeLoopsError(f"unknown model {args.model!r}; --model takes one of {', '.join(zoo_matrix.MODELS)}")
+    entry, har = zoo_matrix.ZOO[args.model], args.model == "har"
+    cfg = train_config(args).replace(**({} if har else entry.spec))
+    panel, source = load(args)
+    prepared = prepare_har(args, panel, source)[0] if har else har_data.prepare_kind(
+        panel, entry.data, asset=args.asset, split=args.split, end=args.end, validation=args.validation,
+        source=source)
+    check_epochs(cfg, prepared.n_train)
+    plan, notes = seed_plan(engines, entry.draws, args.seeds, cfg.seed)
+    out = Path(args.out) if args.out else default_out()
+    with atomic_folder(out) as tmp:
+        with report.progress(engines) as on_event:
+            failed, timings = seed_noise.run(prepared, cfg, plan, tmp, build=entry.build, on_event=on_event)
+        spreads = {e: seed_noise.Spread.load(tmp / "engines" / e, e, prepared, har) for e in engines
+                   if e not in failed}
+        found = seed_noise.seed_noise(spreads)
+        summary = seed_noise.summary(spreads, prepared.features if har else ())
+        report.print_seeds(summary, timings, args.model)
+        report.print_checks(found, failed)
+        for note in notes:
+            report.console().print(note)
+        write_json(tmp / "seeds.json", {
+            "config": cfg.to_dict(), "seed": cfg.seed, "seeds": seed_noise.seeds_of(cfg.seed, args.seeds),
+            "versions": versions(), "source": source, "model": args.model, "engines": summary, "timings": timings,
+            "checks": [c.__dict__ for c in found], "failed": failed, "notes": notes})
+        figures.seeds(tmp / "seeds.png", spreads, prepared.features if har else (), args.model)
+        shutil.rmtree(tmp / "engines")
+        (tmp / "data.npz").unlink()
+    report.console().print(f"report: {out}/seeds.json, seeds.png")
+    if failed:
+        return 3
+    return 0 if all(c.passed for c in found) else 1
+
+
+def seed_plan(engines: list[str], draws: bool, count: int, seed: int) -> tuple[dict[str, list[int]], list[str]]:
+    """Which engines train the model once per seed (engine -> seeds; none: `fit` at the run's seed only), and
+    notes on the others."""
+    plan, notes = {}, []
+    for engine in engines:
+        many = engine in runner.MANY_ENGINES and not (draws and engine == "torch")
+        plan[engine] = seed_noise.seeds_of(seed, count) if many else []
+        if engine == "tensorflow":
+            notes.append("tensorflow: no many-model trainer (tf.vectorized_map over a GradientTape step is not "
+                         "built); its default run is judged against the other engines' seeds")
+        elif not many:
+            notes.append(f"{engine}: the model draws random numbers while training, and torch.func.vmap cannot "
+                         "give each model its own; its default run is judged against the other engines' seeds")
+    if not any(plan.values()):
+        raise NativeLoopsError("no engine of --engines can train many seeds at once (jax and torch can; torch not "
+                               "for a model that draws random numbers): add jax")
+    return plan, notes
+
+
+# Models per vmapped call of the sweep (learning rates × seeds): the HAR's 4 weights and Adam's slots are small,
+# but each model gathers its own batches every epoch.
+MAX_SWEEP_MODELS = 5000
+
+
+def parse_numbers(text: str, kind, what: str) -> list:
+    """A comma-separated list of positive numbers (`--learning-rates`, `--batch-sizes`), each once."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(np.isfinite(v) and v > 0 for v in values):
+        raise NativeLoopsError(f"--{what} takes a comma-separated list of positive {kind.__name__}s, got {text!r}")
+    if len(set(values)) < len(values):
+        raise NativeLoopsError(f"--{what} names a value more than once, got {text!r}; give each once")
+    return values
+
+
+def sweep(args: argparse.Namespace) -> int:
+    engines = parse_names(args.engines, grid.ENGINES, "engine")
+    missing = [e for e in engines if not runner.engine_installed(e)]
+    if missing:
+        raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
+                               "from --engines")
+    rates = parse_numbers(args.learning_rates, float, "learning-rates")
+    sizes = parse_numbers(args.batch_sizes, int, "batch-sizes")
+    if args.seeds < 1:
+        raise NativeLoopsError(f"--seeds must be at least 1, got {args.seeds}")
+    if len(rates) * args.seeds > MAX_SWEEP_MODELS:
+        raise NativeLoopsError(f"{len(rates)} learning rates × {args.seeds} seeds is {len(rates) * args.seeds:,} "
+                               f"models in one call, more than {MAX_SWEEP_MODELS:,}; ask for fewer")
+    cfg = train_config(args)
+    panel, source = load(args)
+    prepared, ols = prepare_har(args, panel, source)
+    check_epochs(cfg, prepared.n_train * len(rates) * args.seeds)
+    too_big = [b for b in sizes if b > prepared.n_train]
+    if too_big:
+        raise NativeLoopsError(f"--batch-sizes {', '.join(map(str, too_big))}: larger than the {prepared.n_train:,} "
+                               "training rows")
+    out = Path(args.out) if args.out else default_out()
+    with atomic_folder(out) as tmp:
+        with report.progress(engines) as on_event:
+            found = grid.run(prepared, cfg, engines, tmp, learning_rates=rates, batch_sizes=sizes, seeds=args.seeds,
+                             on_event=on_event)
+        best = {e: grid.best(f["val_mse"], rates, sizes) for e, f in found.items()}
+        report.print_sweep(found, best, rates, sizes, ols.val_mse, args.seeds)
+        write_json(tmp / "sweep.json", {
+            "config": cfg.to_dict(), "seed": cfg.seed, "seeds": seed_noise.seeds_of(cfg.seed, args.seeds),
+            "versions": versions(), "source": source, "learning_rates": rates, "batch_sizes": sizes,
+            "ols_val_mse": ols.val_mse, "best": best,
+            "engines": {e: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.items()}
+                        for e, f in found.items()}})
+        figures.sweep(tmp / "sweep.png", {e: f["val_mse"] for e, f in found.items()}, rates, sizes, ols.val_mse)
+        shutil.rmtree(tmp / "engines")
+        (tmp / "data.npz").unlink()
+    report.console().print(f"report: {out}/sweep.json, sweep.png")
+    return 0

@@ -92,3 +92,45 @@ def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
     fig.colorbar(image, ax=axes[0, -1], label=f"log10 gap to fit (tolerance {tolerance:g})")
     fig.suptitle("native loop vs fit, same weights and batches", fontsize=10)
     _save(fig, path)
+
+
+def seeds(path: Path, spreads: dict, features: tuple[str, ...], model: str) -> None:
+    """One panel per measure (the test loss, each HAR slope): each engine's values over seeds as a histogram, and
+    each engine's default run (fit at the run's seed) as a vertical line."""
+    measures = ["test_loss", *features]
+    fig, axes = plt.subplots(1, len(measures), figsize=(3.6 * len(measures), 3.4), squeeze=False)
+    colors = {e: f"C{i}" for i, e in enumerate(spreads)}
+    for ax, measure in zip(axes[0], measures):
+        for engine, spread in spreads.items():
+            if spread.seeds is not None:
+                ax.hist(_measure(spread.seeds, measure, features), bins=30, alpha=0.45, color=colors[engine],
+                        label=f"{engine}, {len(spread.seeds.test_loss)} seeds")
+            ax.axvline(_measure(spread.default, measure, features)[0], color=colors[engine], lw=1.8, label=f"{engine} fit")
+        ax.set(xlabel="test loss" if measure == "test_loss" else f"slope of {measure}", yticks=[])
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{model}: seeds against each engine's default run", fontsize=10)
+    _save(fig, path)
+
+
+def _measure(runs, measure: str, features: tuple[str, ...]) -> np.ndarray:
+    return runs.test_loss if measure == "test_loss" else runs.slopes[:, features.index(measure)]
+
+
+def sweep(path: Path, val_mse: dict[str, np.ndarray], rates: list[float], sizes: list[int], ols: float) -> None:
+    """One heatmap per engine: validation MSE relative to OLS per (batch size, learning rate), the best boxed."""
+    fig, axes = plt.subplots(1, len(val_mse), figsize=(1.2 + 1.1 * len(rates) * len(val_mse), 1.4 + 0.5 * len(sizes)),
+                             squeeze=False)
+    for ax, (engine, grid) in zip(axes[0], val_mse.items()):
+        excess = grid / ols - 1
+        top = max(np.nanmax(excess), 1e-6)  # a power scale, so the cells near OLS are told apart too
+        image = ax.imshow(np.maximum(excess, 0), cmap="viridis_r", aspect="auto",
+                          norm=matplotlib.colors.PowerNorm(0.3, vmin=0, vmax=top))
+        for (i, j), v in np.ndenumerate(excess):
+            ax.text(j, i, f"{v:+.1%}", ha="center", va="center", fontsize=7, color="white" if v > 0.1 * top else "black")
+        i, j = np.unravel_index(np.nanargmin(grid), grid.shape)
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+        ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
+        ax.set_yticks(range(len(sizes)), [str(s) for s in sizes])
+        ax.set(xlabel="learning rate", ylabel="batch size", title=f"{engine}: validation MSE vs OLS")
+        fig.colorbar(image, ax=ax, format=matplotlib.ticker.PercentFormatter(1.0))
+    _save(fig, path)

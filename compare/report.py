@@ -150,7 +150,8 @@ def print_checks(checks, failed_engines: dict[str, str]) -> None:
 @contextmanager
 def progress(engines: list[str]):
     """A live line per engine (path, stage, epoch) while the workers train; yields the event handler."""
-    stages = {"train": "training", "repeat": "repeating (determinism)", "same": "same-arithmetic run"}
+    stages = {"train": "training", "repeat": "repeating (determinism)", "same": "same-arithmetic run",
+              "seeds": "trained at once"}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console(), transient=False) as bar:
         tasks = {e: bar.add_task(f"{e}: starting", total=None) for e in engines}
@@ -303,3 +304,36 @@ def _worst(cells: list[dict]) -> str:
         return "[red]✗ error[/red]"
     mark = ("[green]✓[/green] " if all(c["passed"] for c in cells) else "[red]✗[/red] ") if worst["judged"] else ""
     return f"{mark}{worst['gap']:.1e}"
+
+
+def print_seeds(summary: dict, timings: dict, model: str) -> None:
+    """Per engine and measure: the seeds' median and 1st-99th percentiles, and the default run (fit at the run's
+    seed) with its percentile among the seeds."""
+    table = Table("engine", "measure", "seeds", "median", "1st-99th percentile", "fit, default seed", "percentile",
+                  title=f"{model}: the spread over seeds, and each engine's default run in it", title_justify="left")
+    for engine, entry in summary.items():
+        for measure, value in entry["default"].items():
+            q = entry.get("quantiles", {}).get(measure)
+            spread = ("", "", "") if q is None else (str(entry["seeds"]), f"{q[50]:.5g}", f"{q[1]:.5g} to {q[99]:.5g}")
+            rank = entry.get("default_percentile", {}).get(measure)
+            table.add_row(engine, measure, *spread, f"{value:.5g}", "" if rank is None else f"{rank:.0f}")
+    console().print(table)
+    speed = Table("engine", "seeds s", "compile s", "fit s (one run)", title="training time", title_justify="left")
+    for engine, t in timings.items():
+        cell = lambda k: "" if t.get(k) is None else f"{t[k]:.2f}"  # noqa: E731
+        speed.add_row(engine, cell("seconds"), cell("compile_seconds"), cell("fit_seconds"))
+    console().print(speed)
+
+
+def print_sweep(found: dict, best: dict, rates: list[float], sizes: list[int], ols_val_mse: float, seeds: int) -> None:
+    """Per engine, the grid of mean validation MSE (batch sizes × learning rates), the best cell against OLS."""
+    for engine, f in found.items():
+        table = Table("batch size", *[f"lr {r:g}" for r in rates], title=f"{engine}: validation MSE (log RV²), mean "
+                      f"of {seeds} seeds; OLS {ols_val_mse:.5f}", title_justify="left")
+        for i, size in enumerate(sizes):
+            table.add_row(str(size), *[f"{v:.5f}" for v in f["val_mse"][i]])
+        console().print(table)
+        b = best[engine]
+        console().print(f"{engine}: best lr {b['learning_rate']:g}, batch size {b['batch_size']}: "
+                        f"{b['val_mse']:.5f} ({b['val_mse'] / ols_val_mse - 1:+.2%} against OLS); "
+                        f"{f['seconds']:.2f} s training, {f['compile_seconds']:.2f} s compiling")

@@ -38,6 +38,7 @@ XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 # has its own, generous limit (an engine's first import on a fresh, busy machine can take a minute).
 QUIET_LIMIT_S = 600.0
 STARTUP_LIMIT_S = 900.0
+MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.worker.MANY`)
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
@@ -242,13 +243,14 @@ class Pool:
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,
-        har: bool = True, same_epochs: int | None = None, float64: bool = False,
+        har: bool = True, same_epochs: int | None = None, float64: bool = False, seeds: list[int] = (),
         on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
     """Train every path on every engine, take the HAR's gradients at fixed weights, and predict with every other
     engine's weights. `build` names the model ("module:function", e.g. a zoo model's); `har=False` says it is not
     the plain HAR regression: then there is no gradient formula to check, and the same-arithmetic run starts from
     one engine's seeded weights, not NumPy's. `same_epochs`: how long the same-arithmetic run trains (default
-    `cfg.epochs`). Everything lands under `folder`; read it back with `compare.checks`."""
+    `cfg.epochs`). `seeds`: the HAR trained once per seed by each engine with a many-model trainer (the seed-noise
+    check's yardstick). Everything lands under `folder`; read it back with `compare.checks`."""
     data_file, batch_file, init_file = folder / "data.npz", folder / "batch.npz", folder / "init.npz"
     data.save(data_file)
     if har:
@@ -265,6 +267,10 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
         pool.each("train", lambda e: train, on_event)
         if har:
             pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
+        if har and seeds:  # the yardstick of seed_noise: the engines with a many-model trainer, once per seed
+            request = {"data": str(data_file), "config": cfg.to_dict(), "build": build, "name": "seeds",
+                       "fit": False, "seeds": seeds}
+            pool.each("seeds", lambda e: request, only=[e for e in pool.live if e in MANY_ENGINES])
         h5 = {p.stem.removesuffix(".weights"): str(p)
               for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
         pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5, "build": build})

@@ -25,6 +25,7 @@ from keras_side.config import HarData, Scaling, keras_inputs, loss_units, save_t
 from keras_side.spec import TrainConfig, resolve, training_loss
 from keras_side.zoo import ZOO
 from keras_side.determinism import seed_everything
+from keras_side.initial import InitialWeights
 from keras_side.backend import keras_defaults
 from keras_side.precision import float64
 
@@ -221,6 +222,55 @@ def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
     return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None, 1)}
 
 
+# The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).
+MANY = {"jax": "native.jax.many", "torch": "native.torch.many"}  # compare.runner.MANY_ENGINES
+
+
+def seeds(request: dict, send) -> dict:
+    """The model trained once per seed at once by this engine's many-model trainer (for each learning rate of the
+    request when it gives several: rate-major), and with `fit` at the run's seed when asked: each model's
+    validation and test loss, its trained trainable weights stacked."""
+    import importlib
+
+    data, cfg, out = HarData.load(request["data"]), TrainConfig(**request["config"]), Path(request["out"])
+    name, found = request["name"], {}
+    if request["seeds"]:
+        send(event="progress", engine=ENGINE, path=f"{len(request['seeds'])} seeds", stage="seeds", epoch=0, epochs=1)
+        many = importlib.import_module(MANY[ENGINE])
+        rates = request.get("learning_rates") or [cfg.learning_rate]
+        init = InitialWeights.of(resolve(request.get("build", ZOO["har"].build)), data.x_train)
+        one_rate = init.draw(request["seeds"])  # every rate trains the same seeds: the rates are what differs
+        start = [[np.concatenate([w] * len(rates)) for w in ws] for ws in one_rate]
+        orders = many.seed_orders(cfg, request["seeds"], data.n_train)
+        orders = np.concatenate([np.asarray(orders)] * len(rates))
+        lrs = None if request.get("learning_rates") is None else np.repeat(rates, len(request["seeds"]))
+        trained = many.train_seeds(init.model, data, cfg, start, orders, lrs)
+        pred = many.predict_seeds(init.model, trained["trainable"], trained["non_trainable"], data.x_test)
+        units = loss_units(cfg, data)[0]
+        np.savez(out / f"{name}.npz", val_loss=trained["val_loss"] * units,
+                 test_loss=np.array([_spec_test_loss(cfg, data, p) for p in pred]),
+                 **_named("w", trained["trainable"]))
+        found |= {"seconds": trained["seconds"], "compile_seconds": trained["compile_seconds"]}
+    if request.get("fit"):  # the engine's default run: fit, at the run's seed
+        send(event="progress", engine=ENGINE, path=f"keras-{ENGINE}", stage="train", epoch=0, epochs=1)
+        seed_everything(cfg.seed)
+        model = _model(request, data)
+        result = fit.train(model, data, cfg)
+        np.savez(out / f"{name}-fit.npz", val_loss=np.array([result.val_loss[-1]]),
+                 test_loss=np.array([_spec_test_loss(cfg, data, result.test_pred)]),
+                 **_named("w", [w[None] for w in result.weights[: len(model.trainable_weights)]]))
+        found["fit_seconds"] = result.train_seconds
+    return found
+
+
+def _spec_test_loss(cfg: TrainConfig, data: HarData, pred) -> float:
+    """The spec's loss on the test split, in the units of `loss_units` (for the HAR: the test MSE in log RV²),
+    without the model's own losses (a regularizer's penalty is no error on the test data)."""
+    pred = tuple(pred) if cfg.outputs > 1 else pred
+    value = training_loss(cfg)(keras_inputs(data.y_test), keras_inputs(pred))
+    return float(keras.ops.convert_to_numpy(value)) * loss_units(cfg, data)[0]
+
+
 def _loss(spec: str):
     return resolve(spec) if ":" in spec else keras.losses.get(spec)
 
@@ -231,7 +281,7 @@ def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
 
 HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
             "parity": parity, "trajectory": parity_steps.trajectory, "probe": parity_steps.probe, "bench": bench,
-            "native_weights": native_weights,
+            "native_weights": native_weights, "seeds": seeds,
             "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 

@@ -92,6 +92,14 @@ def split_batches(order, batch_size: int):
     return order[..., :full].reshape(*order.shape[:-1], -1, batch_size), order[..., full:]
 
 
+def arrays(data: HarData):
+    """The training split as (x, y[, sample_weight]) and the validation split as (x, y), jax arrays."""
+    train_xy = jax.tree.map(jnp.asarray, (data.x_train, data.y_train))
+    if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
+        train_xy += (jnp.asarray(data.w_train),)
+    return train_xy, jax.tree.map(jnp.asarray, (data.x_val, data.y_val))
+
+
 def init_state(model, optimizer, metrics=()):
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
@@ -132,10 +140,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
         restored = []
         saved.restore(lambda folder: restored.append(jax_checkpoint.read(folder, state)))
         state = restored[0]
-    train_xy = jax.tree.map(jnp.asarray, (data.x_train, data.y_train))
-    if data.w_train is not None:  # fit's sample_weight: a third array that every batch takes its rows of
-        train_xy += (jnp.asarray(data.w_train),)
-    val = jax.tree.map(jnp.asarray, (data.x_val, data.y_val))
+    train_xy, val = arrays(data)
     step = make_step(model, loss_fn, optimizer, metrics)
     evaluate = jax.jit(make_evaluate(model, loss_fn, metrics))
     run = _scan_driver if driver == "scan" else _loop_driver
@@ -231,8 +236,11 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
     return state, curves, compile_seconds, time.perf_counter() - start
 
 
-def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
-    reset = state[3]
+def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
+    """`run(state, orders) -> (state, (train_loss, metric values, (val_loss, val metric values)))`, one value per
+    epoch: every epoch's full batches in one `lax.scan`, the short last batch after them. The fused scan driver
+    compiles it; `native.jax.many` compiles it vmapped over seeds."""
+    reset = fresh(metrics)
 
     def epoch(state, order):
         state = (*state[:3], reset)  # Keras resets the metrics every epoch
@@ -246,9 +254,13 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
         measured = evaluate(state[0], state[1], *val) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
         return state, (total / order.shape[0], values, measured)
 
+    return lambda state, orders: jax.lax.scan(epoch, state, orders)
+
+
+def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
     orders = jnp.asarray(orders)
     start = time.perf_counter()
-    fused = jax.jit(lambda s, o: jax.lax.scan(epoch, s, o)).lower(state, orders).compile()
+    fused = jax.jit(make_fused(step, evaluate, metrics, train_xy, val, cfg)).lower(state, orders).compile()
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     state, (train_loss, values, (val_loss, val_values)) = jax.block_until_ready(fused(state, orders))

@@ -1,4 +1,13 @@
-"""Many small Keras models at once: `jax.vmap` of a fused trainer over models, masked windows, one jit.
+"""Many Keras models at once in JAX: `jax.vmap` of a fused trainer over models, one compiled call.
+
+Two trainers. `train_seeds` trains any model (any input rank, BatchNorm, Dropout, the spec's loss and optimizer)
+once per seed, each from its own initial weights and with its own batch order: the fused scan driver of
+`native.jax.loop`, vmapped, so seed s ends where `loop.train(..., driver="scan")` with seed s ends (tested).
+
+    start = InitialWeights.of(build, data.x_train).draw(seeds)          # keras_side.initial
+    trained = train_seeds(model, data, cfg, start, seed_orders(cfg, seeds, data.n_train))
+
+`train_many`, the walk-forward's, trains the HAR on masked windows:
 
     compiled, args = train_many(model, x, y, rows, keys, cfg, devices=jax.devices())
     params = compiled(*args)
@@ -17,13 +26,17 @@ trainer `make_fit_one` is the test of the vmapped one. With several devices the 
 """
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.spec import TrainConfig
+from keras_side.config import HarData, keras_inputs
+from keras_side.spec import TrainConfig, check_outputs, keras_metrics, training_loss
+from native.jax import loop, optim
 
 
 def adam(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -156,3 +169,58 @@ def predict_many(model, params, x) -> np.ndarray:
     """Each model's predictions on its own inputs: params stacked (groups, models, ...), x (groups, models, H, F)."""
     one = lambda p, xm: model.stateless_call(p, [], xm)[0]  # noqa: E731
     return np.asarray(jax.jit(jax.vmap(jax.vmap(one)))(params, jnp.asarray(x)))
+
+
+def seed_orders(cfg: TrainConfig, seeds, n: int) -> jax.Array:
+    """(seeds, epochs, n): the batch orders `loop.train` draws with each seed."""
+    return jnp.stack([loop.batch_orders(cfg.replace(seed=int(s)), n) for s in seeds])
+
+
+def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_rates=None) -> dict:
+    """Train one model per row of `start` at once; model i from `start[i]` with the batch orders `orders[i]`.
+
+    `start` is (trainable, non_trainable), each array stacked (models, ...); `orders` (models, epochs, n);
+    `learning_rates` (models,), each model's constant rate instead of the spec's (`optax.inject_hyperparams`
+    keeps it in the model's optimizer state). Returns the trained `trainable` and `non_trainable` (stacked), each
+    model's validation loss after the last epoch `val_loss` (models,), `seconds` and `compile_seconds`.
+    """
+    check_outputs(cfg, data.outputs)
+    if learning_rates is None:
+        optimizer = optim.build(cfg)
+    else:
+        optimizer = optax.inject_hyperparams(lambda learning_rate: optim.build(cfg, learning_rate))(
+            learning_rate=cfg.learning_rate)
+    loss_fn, metrics = training_loss(cfg), keras_metrics(cfg)
+    train_xy, val = loop.arrays(data)
+    evaluate = loop.make_evaluate(model, loss_fn, metrics)
+    run = loop.make_fused(loop.make_step(model, loss_fn, optimizer, metrics), evaluate, metrics, train_xy, val,
+                          cfg.replace(validate=False))  # the validation loss once, at the end
+
+    def one(trainable, non_trainable, order, learning_rate):
+        opt_state = optimizer.init(trainable)
+        if learning_rate is not None:
+            opt_state.hyperparams["learning_rate"] = learning_rate
+        state, _ = run((trainable, non_trainable, opt_state, loop.fresh(metrics)), order)
+        return state[0], state[1], evaluate(state[0], state[1], *val)[0]
+
+    lrs = None if learning_rates is None else jnp.asarray(learning_rates, jnp.float32)
+    args = (*jax.tree.map(jnp.asarray, tuple(start)), jnp.asarray(orders), lrs)
+    begin = time.perf_counter()
+    trainer = jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None if lrs is None else 0))).lower(*args).compile()
+    compile_seconds = time.perf_counter() - begin
+    begin = time.perf_counter()
+    trainable, non_trainable, val_loss = jax.block_until_ready(trainer(*args))
+    return {"trainable": trainable, "non_trainable": non_trainable, "val_loss": np.asarray(val_loss),
+            "seconds": time.perf_counter() - begin,
+            "compile_seconds": compile_seconds}
+
+
+def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
+    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
+    model axis (models, outputs, n, ...)."""
+    def one(trainable, non_trainable):
+        pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=False)
+        return jnp.stack(pred, 0) if isinstance(pred, (list, tuple)) else pred
+
+    x = jax.tree.map(jnp.asarray, x)
+    return np.asarray(jax.jit(jax.vmap(one))(trainable, non_trainable))

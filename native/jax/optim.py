@@ -25,12 +25,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from keras_side.spec import TrainConfig, keras_schedule
+from keras_side.spec import SpecError, TrainConfig, keras_schedule
 
 
-def build(cfg: TrainConfig) -> optax.GradientTransformation:
-    """Clipping, then the update rule, as `fit`'s Keras optimizer does them."""
-    rule = exact_rule(cfg) if cfg.flavour == "exact" else engine_rule(cfg)
+def build(cfg: TrainConfig, learning_rate=None) -> optax.GradientTransformation:
+    """Clipping, then the update rule, as `fit`'s Keras optimizer does them. `learning_rate` (an array, maybe
+    traced: `optax.inject_hyperparams` passes one) replaces the spec's constant rate."""
+    if learning_rate is not None and cfg.schedule is not None:
+        raise SpecError(f"a learning rate of its own replaces a constant rate, not the {cfg.schedule} schedule")
+    if cfg.flavour == "exact":
+        rule = exact_rule(cfg, keras_schedule(cfg) if learning_rate is None else learning_rate)
+    else:
+        rule = engine_rule(cfg, engine_schedule(cfg) if learning_rate is None else learning_rate)
     return optax.chain(clip(cfg), rule)
 
 
@@ -95,8 +101,8 @@ def keras_adam(learning_rate, beta_1: float, beta_2: float, epsilon: float,
     return optax.GradientTransformation(init, update)
 
 
-def exact_rule(cfg: TrainConfig) -> optax.GradientTransformation:
-    lr = keras_schedule(cfg)  # a float, or a Keras LearningRateSchedule: both are what optax takes
+def exact_rule(cfg: TrainConfig, lr) -> optax.GradientTransformation:
+    """`lr`: a float, or a Keras LearningRateSchedule (`keras_schedule`): both are what optax takes."""
     if cfg.optimizer in ("adam", "adamw"):
         return keras_adam(lr, cfg.beta_1, cfg.beta_2, cfg.epsilon, cfg.decay)
     if cfg.optimizer == "sgd":
@@ -124,8 +130,7 @@ def engine_schedule(cfg: TrainConfig):
     return cfg.learning_rate
 
 
-def engine_rule(cfg: TrainConfig) -> optax.GradientTransformation:
-    lr = engine_schedule(cfg)
+def engine_rule(cfg: TrainConfig, lr) -> optax.GradientTransformation:
     if cfg.optimizer == "adam":
         return optax.adam(lr, b1=cfg.beta_1, b2=cfg.beta_2, eps=cfg.epsilon)
     if cfg.optimizer == "adamw":

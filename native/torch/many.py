@@ -1,22 +1,35 @@
-"""Many small Keras models at once in PyTorch: `torch.func.vmap` over `model.stateless_call`, `torch.optim.Adam`.
+"""Many Keras models at once in PyTorch: `torch.func.vmap` over `model.stateless_call`, stacked `nn.Parameter`s.
+
+Two trainers. `train_seeds` trains a model once per seed, each from its own initial weights and with its own batch
+order, with the spec's loss and Keras-exact optimizer (`native.torch.optim`): seed s ends where `loop.train` with
+seed s ends (tested). The weights of every model are stacked on a leading axis; the loss is the sum of the
+models' own losses, so each model gets exactly its own gradient, and the optimizers are elementwise, so each gets
+its own update. That is why a clip over a whole gradient (`clipnorm`, `global_clipnorm`) is refused: it would
+clip all the models together. So is a model that draws random numbers while training (Dropout): torch's vmap
+draws one stream for every model, not each model's own (JAX's trainer takes them).
+
+    start = InitialWeights.of(build, data.x_train).draw(seeds)          # keras_side.initial
+    trained = train_seeds(model, data, cfg, start, seed_orders(cfg, seeds, data.n_train))
+
+`train_many`, the walk-forward's, trains the HAR on masked windows, the scheme of `native/jax/many.py`:
 
     params = train_many(model, x, y, rows, cfg)   # x (groups, N, features), rows (groups, models)
 
-The same scheme as `native/jax/many.py`: model (g, m) trains on the first `rows[g, m]` rows of group g; each
-epoch shuffles the N positions once for every model, and a model's loss on a batch is the mean over the batch's
-rows inside its window. The weights of all models are stacked on two leading axes and trained as `nn.Parameter`s;
-the loss is the sum of the models' own losses, so each model gets exactly its own gradient, and Adam is
-elementwise, so each gets its own update. Every model steps on every batch, so each trains exactly as it would
-alone (tested).
+Model (g, m) trains on the first `rows[g, m]` rows of group g; each epoch shuffles the N positions once for every
+model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's stock Adam.
+Every model steps on every batch, so each trains exactly as it would alone (tested).
 """
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
 
-from keras_side.spec import TrainConfig
+from keras_side.config import HarData, batch_slices, first, keras_inputs, take
+from keras_side.spec import SpecError, TrainConfig, check_outputs
+from native.torch import loop, optim
 
 
 def init_params(model, shape: tuple[int, ...], generator: torch.Generator) -> list[torch.nn.Parameter]:
@@ -75,3 +88,122 @@ def predict_many(model, params: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     """params stacked (groups, models, ...), x (groups, models, H, F) -> (groups, models, H, 1)."""
     one = lambda p, xm: model.stateless_call(list(p), [], xm)[0]  # noqa: E731
     return torch.func.vmap(torch.func.vmap(one))([torch.as_tensor(p) for p in params], torch.as_tensor(x)).numpy()
+
+
+def seed_orders(cfg: TrainConfig, seeds, n: int) -> torch.Tensor:
+    """(seeds, epochs, n): the batch orders `loop.train` draws with each seed."""
+    return torch.stack([loop.batch_orders(cfg.replace(seed=int(s)), n) for s in seeds])
+
+
+def check_separable(model, cfg: TrainConfig) -> None:
+    """A `SpecError` for what would tie the stacked models together (see the module's docstring)."""
+    for name in ("clipnorm", "global_clipnorm"):
+        if getattr(cfg, name) is not None:
+            raise SpecError(f"{name} clips a gradient by its norm, which over stacked models would clip them together; "
+                            "train them one at a time, or use JAX's trainer (vmap clips each model alone)")
+
+
+def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_rates=None) -> dict:
+    """Train one model per row of `start` at once; model i from `start[i]` with the batch orders `orders[i]`.
+
+    `start` is (trainable, non_trainable), each array stacked (models, ...); `orders` (models, epochs, n);
+    `learning_rates` (models,), each model's constant rate instead of the spec's (one optimizer parameter group
+    per rate; the models of a rate must be consecutive). Returns the trained `trainable` and `non_trainable`
+    (stacked, NumPy), each model's validation loss after the last epoch `val_loss` (models,), `seconds` and
+    `compile_seconds` (None: nothing compiles).
+    """
+    check_outputs(cfg, data.outputs)
+    check_separable(model, cfg)
+    orders = torch.as_tensor(orders)
+    n_models = len(orders)
+    rates = [cfg.learning_rate] * n_models if learning_rates is None else [float(r) for r in learning_rates]
+    blocks = _blocks(rates)
+    groups = [[torch.nn.Parameter(torch.as_tensor(np.asarray(w[b])).clone()) for w in start[0]] for _, b in blocks]
+    optimizer, scheduler, _ = optim.build(groups[0], cfg.replace(learning_rate=blocks[0][0]))
+    for (rate, _), params in zip(blocks[1:], groups[1:]):
+        optimizer.add_param_group({"params": params, "lr": rate})
+    stacked = lambda: [torch.cat(vs) for vs in zip(*groups)]  # noqa: E731  every model's weights, in order
+    state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
+    x, y = _tensors(data.x_train), _tensors(data.y_train)
+    weights = None if data.w_train is None else torch.as_tensor(data.w_train)
+    loss_fn = loop.spec_loss(cfg, same_rank=True)
+    losses = _losses(model, loss_fn, training=True)
+    begin = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        order = orders[:, epoch]  # (models, n): each model its own gather, each batch then a view
+        x_epoch, y_epoch = take(x, order), take(y, order)
+        w_epoch = None if weights is None else weights[order]
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            w_batch = None if weights is None else w_epoch[:, rows]
+            try:
+                loss, state = losses(stacked(), state, take(x_epoch, (slice(None), rows)),
+                                     take(y_epoch, (slice(None), rows)), w_batch)
+            except RuntimeError as err:  # Keras's torch Dropout reads its seed with .item(), which vmap refuses
+                if "vmap" not in str(err):
+                    raise
+                raise SpecError("torch.func.vmap cannot run this model's training call (a layer that draws random "
+                                "numbers, such as Dropout, reads its seed with .item()); use JAX's trainer, where "
+                                "each model draws its own") from None
+            state = [s.detach() for s in state]
+            optimizer.zero_grad(set_to_none=True)
+            loss.sum().backward()
+            optimizer.step()
+            if scheduler:
+                scheduler.step()
+    seconds = time.perf_counter() - begin
+    with torch.no_grad():
+        val_loss, _ = _losses(model, loss_fn, training=False)(stacked(), state, _broadcast(data.x_val, n_models),
+                                                              _broadcast(data.y_val, n_models), None)
+    return {"trainable": [p.detach().numpy() for p in stacked()], "non_trainable": [s.numpy() for s in state],
+            "val_loss": val_loss.numpy(), "seconds": seconds, "compile_seconds": None}
+
+
+@torch.no_grad()
+def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
+    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
+    model axis (models, outputs, n, ...)."""
+    def one(trainable, non_trainable):
+        pred, _ = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(_tensors(x)), training=False)
+        return torch.stack(list(pred)) if isinstance(pred, (list, tuple)) else pred
+
+    as_tensors = lambda ws: [torch.as_tensor(np.asarray(w)) for w in ws]  # noqa: E731
+    return torch.func.vmap(one)(as_tensors(trainable), as_tensors(non_trainable)).numpy()
+
+
+def _losses(model, loss_fn, training: bool):
+    """`(params, state, x, y, w) -> (each model's loss, its new state)`, vmapped over the models: the spec's loss
+    plus the model's own losses, as `loop.total_loss` computes it for one model."""
+    def one(trainable, non_trainable, xb, yb, wb):
+        pred, non_trainable, extra = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(xb),
+                                                          training=training, return_losses=True)
+        loss = loss_fn(keras_inputs(yb), pred, wb)
+        return (loss + sum(extra) if extra else loss), non_trainable
+
+    def losses(trainable, non_trainable, xb, yb, wb):
+        return torch.func.vmap(one, in_dims=(0, 0, 0, 0, None if wb is None else 0))(
+            trainable, non_trainable, xb, yb, wb)
+
+    return losses
+
+
+def _blocks(rates: list[float]) -> list[tuple[float, slice]]:
+    """Consecutive runs of the same rate: [(rate, slice of its models)]."""
+    blocks, begin = [], 0
+    for i in range(1, len(rates) + 1):
+        if i == len(rates) or rates[i] != rates[begin]:
+            blocks.append((rates[begin], slice(begin, i)))
+            begin = i
+    if len({r for r, _ in blocks}) < len(blocks):
+        raise ValueError("the models of each learning rate must be consecutive")
+    return blocks
+
+
+def _tensors(x):
+    return tuple(torch.as_tensor(a) for a in x) if isinstance(x, tuple) else torch.as_tensor(x)
+
+
+def _broadcast(x, n_models: int):
+    """The same rows for every model: a leading model axis, expanded (a view, no copy)."""
+    x = _tensors(x)
+    grow = lambda a: a.expand(n_models, *a.shape)  # noqa: E731
+    return tuple(grow(a) for a in x) if isinstance(x, tuple) else grow(x)

@@ -75,3 +75,25 @@ def test_predict_many_is_each_models_own_forward():
     got = jax_many.predict_many(models.har(), params, x_next)
     kernel, bias = (np.asarray(p) for p in params)
     np.testing.assert_allclose(got, x_next @ kernel + bias[:, :, None], atol=1e-5, rtol=0)
+
+
+# The seeds trainer: any zoo model, each seed as the fused scan driver trains it alone.
+import pytest  # noqa: E402
+
+from native.jax import loop  # noqa: E402
+from tests.native.many_seeds import check_each_seed_trains_as_alone  # noqa: E402
+
+
+def scan_alone(model, data, cfg):
+    return loop.train(model, data, cfg.replace(validate=False), driver="scan")
+
+
+@pytest.mark.parametrize("name", ["bn_mlp", "dropout_mlp", "lstm", "har_recent", "two_horizons"])
+def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
+    """3-D inputs (the LSTM), BatchNorm's statistics and Dropout's seed state carried per model, sample weights,
+    two outputs: what the walk-forward trainer could not take."""
+    check_each_seed_trains_as_alone(jax_many, scan_alone, panel, name)
+
+
+def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
+    check_each_seed_trains_as_alone(jax_many, scan_alone, panel, "har", seeds=(1, 2), learning_rates=[0.003, 0.03])

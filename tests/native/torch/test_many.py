@@ -46,3 +46,40 @@ def test_predict_many_is_each_models_own_forward():
     x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
     got = torch_many.predict_many(models.har(), params, x_next)
     np.testing.assert_allclose(got, x_next @ params[0] + params[1][:, :, None], atol=1e-5, rtol=0)
+
+
+# The seeds trainer: each seed as the torch loop trains it alone; what cannot be stacked is refused.
+import pytest  # noqa: E402
+
+from keras_side.initial import InitialWeights  # noqa: E402
+from keras_side.spec import SpecError  # noqa: E402
+from keras_side.zoo import ZOO  # noqa: E402
+from native.torch import loop  # noqa: E402
+from tests.native.many_seeds import check_each_seed_trains_as_alone, zoo_data  # noqa: E402
+
+
+def loop_alone(model, data, cfg):
+    return loop.train(model, data, cfg.replace(validate=False))
+
+
+@pytest.mark.parametrize("name", ["bn_mlp", "lstm", "har_recent", "two_horizons"])
+def test_each_seed_trains_as_the_loop_trains_it_alone(panel, name):
+    check_each_seed_trains_as_alone(torch_many, loop_alone, panel, name)
+
+
+def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
+    check_each_seed_trains_as_alone(torch_many, loop_alone, panel, "har", seeds=(1, 2), learning_rates=[0.003, 0.03])
+
+
+@pytest.mark.parametrize("name, spec, says", [
+    ("har", {"clipnorm": 1.0}, "clip them together"),
+    ("har", {"global_clipnorm": 1.0}, "clip them together"),
+    ("dropout_mlp", {}, "draws its own"),
+])
+def test_what_would_tie_the_models_together_is_refused(panel, name, spec, says):
+    data = zoo_data(panel, name)
+    init = InitialWeights.of(ZOO[name].builder(), data.x_train)
+    cfg = TrainConfig(epochs=1).replace(**spec)
+    with pytest.raises(SpecError, match=says):
+        torch_many.train_seeds(init.model, data, cfg, init.draw([0, 1]), torch_many.seed_orders(cfg, [0, 1],
+                                                                                                 data.n_train))
