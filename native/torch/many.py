@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from keras_side.config import HarData, batch_slices, first, keras_inputs, take
+from keras_side.config import HarData, batch_slices, keras_inputs, take
 from keras_side.spec import SpecError, TrainConfig, check_outputs
 from native.torch import loop, optim
 

@@ -27,8 +27,24 @@ def test_default_run_passes_every_check(default_run):
     assert code == 0, [c for c in report["checks"] if not c["passed"]]
     assert report["incomplete"] == [] and all(c["passed"] for c in report["checks"])
     families = {c["name"].split("/")[0] for c in report["checks"]}
-    assert families == {"ols_reached", "gradient_formula", "portable_weights", "deterministic", "same_arithmetic"}
+    assert families == {"ols_reached", "gradient_formula", "portable_weights", "deterministic", "same_arithmetic",
+                        "seed_noise"}
     assert sum(c["name"].startswith("portable_weights/") for c in report["checks"]) == 6  # every ordered pair
+    noise = {c["name"] for c in report["checks"] if c["name"].startswith("seed_noise/")}
+    assert noise == {f"seed_noise/{a}-{b}{m}" for a, b in [("torch", "jax"), ("torch", "tensorflow"),
+                                                          ("jax", "tensorflow")] for m in ("", "/slopes")}
+
+
+def test_seed_noise_in_report_json(default_run):
+    """The spread over seeds of the engines with a many-model trainer, and each engine's fit run in it."""
+    _, _, report, _ = default_run
+    spread = report["seed_noise"]
+    assert set(spread) == {"torch", "jax", "tensorflow"} and "seeds" not in spread["tensorflow"]
+    for engine in ("torch", "jax"):
+        assert spread[engine]["seeds"] == 100
+        assert set(spread[engine]["quantiles"]) == {"test_loss", "slope_d1", "slope_s5", "slope_m22"}
+        assert spread[engine]["default"]["test_loss"] == pytest.approx(report["paths"][f"keras-{engine}"]["test_mse"],
+                                                                       rel=1e-5)
 
 
 def test_report_json_shape(default_run):

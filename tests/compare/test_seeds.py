@@ -1,0 +1,91 @@
+"""Seed noise (`native-loops seeds`, the seed_noise checks) and the hyperparameter sweep (`native-loops sweep`)."""
+import json
+
+import numpy as np
+import pytest
+
+from compare import cli
+from compare.referee import seed_noise
+from compare.referee.seed_noise import Runs, Spread
+
+
+def spread(engine, seeds, default_loss, default_slopes, rng=None):
+    many = None
+    if seeds:
+        rng = rng or np.random.default_rng(0)
+        many = Runs(0.17 + 0.001 * rng.random(seeds), np.zeros(seeds), 0.4 + 0.05 * rng.normal(size=(seeds, 3)))
+    return Spread(engine, many, Runs(np.array([default_loss]), np.zeros(1), np.array([default_slopes])))
+
+
+def test_runs_inside_the_seed_spread_pass_and_the_tolerance_is_the_99th_percentile():
+    spreads = {"torch": spread("torch", 50, 0.1703, [0.4, 0.4, 0.4]),
+               "jax": spread("jax", 50, 0.1705, [0.42, 0.39, 0.41], np.random.default_rng(1))}
+    (loss, slopes) = seed_noise.seed_noise(spreads)
+    assert loss.name == "seed_noise/torch-jax" and slopes.name == "seed_noise/torch-jax/slopes"
+    assert loss.passed and slopes.passed
+    assert loss.value == pytest.approx(0.0002)
+    pooled = np.concatenate([seed_noise.pair_gaps(s.seeds.test_loss[:, None]) for s in spreads.values()])
+    assert loss.tolerance == pytest.approx(np.percentile(pooled, 99)) and len(pooled) == 2 * 50 * 49 // 2
+
+
+def test_engines_further_apart_than_any_two_seeds_are_the_finding():
+    spreads = {"torch": spread("torch", 50, 0.1703, [0.4, 0.4, 0.4]),
+               "tensorflow": spread("tensorflow", 0, 0.1703, [0.4, 0.4, 1.4])}
+    loss, slopes = seed_noise.seed_noise(spreads)
+    assert loss.passed and not slopes.passed  # no many-model trainer on tensorflow: torch's seeds are the yardstick
+    assert "on torch" in slopes.note and seed_noise.FINDING in slopes.note and "100%" in slopes.note
+
+
+def test_rank_is_the_share_below():
+    assert seed_noise.rank(2.0, np.array([1.0, 2.0, 3.0, 4.0])) == pytest.approx(37.5)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["seeds", "--seeds", "1"], "--seeds must be between 2"),
+    (["seeds", "--engines", "mxnet"], "unknown engine(s) mxnet"),
+    (["seeds", "--model", "resnet"], "unknown model 'resnet'"),
+    (["seeds", "--engines", "tensorflow"], "add jax"),
+    (["sweep", "--learning-rates", "0.01,-1"], "positive floats"),
+    (["sweep", "--learning-rates", "fast"], "positive floats"),
+    (["sweep", "--batch-sizes", "0"], "positive ints"),
+    (["sweep", "--batch-sizes", "64,64"], "more than once"),
+    (["sweep", "--seeds", "0"], "--seeds must be at least 1"),
+    (["sweep", "--engines", "tensorflow"], "unknown engine(s) tensorflow"),
+    (["sweep", "--batch-sizes", "100000"], "larger than the"),
+    (["sweep", "--seeds", "5000"], "more than 5,000"),
+])
+def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, args, says):
+    out = tmp_path / "run"
+    assert cli.main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("native-loops: error: ") and says in err and err.count("\n") == 1, err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_seeds_end_to_end(tmp_path, capsys):
+    """A small run on every engine: each engine's seeds and default run in seeds.json, the checks with their
+    numbers, the figure; the exit code says whether every check passed."""
+    out = tmp_path / "run"
+    code = cli.main(["seeds", "--seeds", "6", "--epochs", "3", "--out", str(out)])
+    found = json.loads((out / "seeds.json").read_text())
+    assert code == (0 if all(c["passed"] for c in found["checks"]) else 1)
+    assert found["seeds"] == list(range(1, 7)) and found["seed"] == 0 and found["versions"]["keras"] == "3.15.1"
+    assert found["engines"]["jax"]["seeds"] == found["engines"]["torch"]["seeds"] == 6
+    assert "seeds" not in found["engines"]["tensorflow"]  # its default run only, judged against the others'
+    assert len(found["checks"]) == 6 and all(c["tolerance"] > 0 for c in found["checks"])
+    quantiles = found["engines"]["jax"]["quantiles"]["slope_d1"]
+    assert quantiles["1"] <= quantiles["50"] <= quantiles["99"]
+    assert sorted(p.name for p in out.iterdir()) == ["seeds.json", "seeds.png"]
+    assert "the spread over seeds" in capsys.readouterr().out
+
+
+def test_sweep_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["sweep", "--learning-rates", "0.003,0.03", "--batch-sizes", "64,256", "--seeds", "2",
+                     "--epochs", "3", "--engines", "jax", "--out", str(out)]) == 0
+    found = json.loads((out / "sweep.json").read_text())
+    grid = np.array(found["engines"]["jax"]["val_mse"])
+    assert grid.shape == (2, 2) and np.all(grid > found["ols_val_mse"] * 0.9)
+    assert found["best"]["jax"]["val_mse"] == pytest.approx(grid.min())
+    assert grid[1, 0] > grid[0, 1]  # 3 epochs: a small rate on big batches is the furthest from OLS
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]
