@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 from compare import commands
 from compare import data as har_data
@@ -182,12 +183,47 @@ def _stopping(signum, frame):
         os._exit(130 if signum == signal.SIGINT else 143)
 
 
+REDELIVER_S = 0.05  # not a limit on anything: how long a dropped stop waits to be sent again, after the hook returns
+
+
+def _swallowed(unraisable) -> None:
+    """`sys.unraisablehook` while a command runs. A signal that lands while Python runs a garbage-collection
+    callback or a `__del__` (JAX registers a gc callback) raises `_stop`'s exception there, where Python prints it
+    and drops it: the stop would be lost, and the run would go on. Deliver that signal again, from a thread, a moment
+    later (after this hook has returned), so that the main thread takes it where it is next; should that be another
+    such callback, this hook takes it again."""
+    if not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+        return _swallowed.previous(unraisable)
+    for stop in STOPS:  # still the first press: the stop never happened
+        signal.signal(stop, _stop)
+    signum = signal.SIGINT if isinstance(unraisable.exc_value, KeyboardInterrupt) else signal.SIGTERM
+    again = threading.Timer(REDELIVER_S, os.kill, args=(os.getpid(), signum))
+    again.daemon = True  # a process that ends first needs it no more
+    again.start()
+
+
+@contextmanager
+def stop_handlers():
+    """The handlers of Ctrl-C and SIGTERM (`_stop`, `_stopping`, `_swallowed`) for the block; the caller's after it.
+    Signals reach the main thread only: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _stop) for s in STOPS}
+    _stopping.presses, _swallowed.previous, sys.unraisablehook = 0, sys.unraisablehook, _swallowed
+    try:
+        yield
+    finally:
+        sys.unraisablehook = _swallowed.previous
+        for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
+            signal.signal(stop, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    handles = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-    previous = {s: signal.signal(s, _stop) for s in STOPS} if handles else {}
-    _stopping.presses = 0
     try:
+        with stop_handlers():
+            return COMMANDS[args.command](args)
         return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
@@ -198,9 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("native-loops: terminated", file=sys.stderr)
         return 143
-    finally:
-        for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
-            signal.signal(stop, handler)
 
 
 if __name__ == "__main__":

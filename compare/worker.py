@@ -204,9 +204,9 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
 
     from native.jax import many as jax_many
 
-    model, found = models.har(), {}
+    found = {}
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        pred, seconds, compile_seconds = jax_many.forecasts(model, w, cfg, jax.devices()[:count],
+        pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
                                                             repeats=WALK_FORWARD_REPEATS)
         found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count)
     return found
@@ -215,11 +215,12 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
 def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
     from native.torch import many as torch_many
 
-    model = models.har()
+    init = InitialWeights.of(models.har, w["x"][0])
+    params = init.draw_grid(w["rows"].shape, cfg.seed)[0]  # each model's start, from the HAR's own initializers
     start = time.perf_counter()
-    params = torch_many.train_many(model, w["x"], w["y"], w["rows"], cfg)
+    params = torch_many.train_many(init.model, w["x"], w["y"], w["rows"], params, cfg)
     seconds = time.perf_counter() - start
-    return {"torch-vmap": (torch_many.predict_many(model, params, w["x_next"])[..., 0], seconds, None, 1)}
+    return {"torch-vmap": (torch_many.predict_many(init.model, params, w["x_next"])[..., 0], seconds, None, 1)}
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).

@@ -61,6 +61,16 @@ class InitialWeights:
         values = [np.stack([_start(v, start, seed, i) for seed in seeds]) for i, (v, start) in enumerate(variables)]
         return values[: len(self.trainable)], values[len(self.trainable):]
 
+    def draw_grid(self, shape: tuple[int, ...], seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """`draw` for a grid of models, each array stacked (*shape, ...), every model's seed from `seed`."""
+        return tuple([a.reshape(*shape, *a.shape[1:]) for a in arrays]
+                     for arrays in self.draw(grid_seeds(shape, seed)))
+
+
+def grid_seeds(shape: tuple[int, ...], seed: int) -> list[int]:
+    """A seed per model of a grid of models (a walk-forward's assets × refits), all derived from the run's seed."""
+    return [seed * 2**24 + i for i in range(int(np.prod(shape)))]
+
 
 def own_seed(seed: int, index: int) -> int:
     """The seed of variable `index` in the model of `seed`: distinct per pair, in Keras's seed range."""

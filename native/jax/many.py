@@ -9,7 +9,7 @@ once per seed, each from its own initial weights and with its own batch order: t
 
 `train_many`, the walk-forward's, trains the HAR on masked windows:
 
-    compiled, args = train_many(model, x, y, rows, keys, cfg, devices=jax.devices())
+    compiled, args = train_many(model, x, y, rows, params, key, cfg, devices=jax.devices())
     params = compiled(*args)
 
 The models come in groups that share their data: x (groups, N, features) and y (groups, N, 1), for example one
@@ -35,6 +35,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import HarData, keras_inputs
+from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig, check_outputs, keras_metrics, training_loss
 from native.jax import loop, optim
 
@@ -52,19 +53,6 @@ def masked_mse(model):
         return jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
 
     return loss_fn
-
-
-def init_params(model, key) -> list[jax.Array]:
-    """One model's starting weights: Glorot-uniform matrices, zero vectors (Keras's Dense defaults)."""
-    params = []
-    for variable, k in zip(model.trainable_variables, jax.random.split(key, len(model.trainable_variables))):
-        shape = tuple(variable.shape)
-        if len(shape) >= 2:
-            limit = np.sqrt(6.0 / (shape[-2] + shape[-1]))
-            params.append(jax.random.uniform(k, shape, jnp.float32, -limit, limit))
-        else:
-            params.append(jnp.zeros(shape, jnp.float32))
-    return params
 
 
 def epoch_batches(key, x, y, batch_size: int):
@@ -104,19 +92,17 @@ def make_fit_one(model, cfg: TrainConfig):
     return fit_one
 
 
-def train_many(model, x, y, rows, keys, cfg: TrainConfig, *, devices=None):
-    """Compile the trainer of every model: x (groups, N, features), y (groups, N, 1), rows and keys (groups, models).
-
-    `keys` seed each model's initial weights; the first one also draws the epochs' shared permutations. With
-    `devices`, the model axis is sharded over them and must divide by their number.
+def train_many(model, x, y, rows, params, key, cfg: TrainConfig, *, devices=None):
+    """Compile the trainer of every model: x (groups, N, features), y (groups, N, 1), rows (groups, models), params
+    each model's initial weights stacked (groups, models, ...) (`InitialWeights.draw_grid`), `key` the epochs'
+    shared permutations. With `devices`, the model axis is sharded over them and must divide by their number.
     Returns `(compiled, args)`: `compiled(*args)` trains and returns the params stacked as (groups, models, ...),
     so callers time compile and run apart.
     """
     fit_one = make_fit_one(model, cfg)
     fit_group = jax.vmap(fit_one, in_axes=(0, None, None, 0, None))  # the group's models; x and y shared
     fit_many = jax.vmap(fit_group, in_axes=(0, 0, 0, 0, None))  # the groups
-    params = jax.vmap(jax.vmap(lambda k: init_params(model, k)))(keys)
-    args = (params, jnp.asarray(x), jnp.asarray(y), jnp.asarray(rows), jax.random.fold_in(keys[0, 0], 1))
+    args = ([jnp.asarray(p) for p in params], jnp.asarray(x), jnp.asarray(y), jnp.asarray(rows), key)
     if devices is not None and len(devices) > 1:
         mesh = Mesh(np.asarray(devices), ("models",))
         per_model, shared = NamedSharding(mesh, PartitionSpec(None, "models")), NamedSharding(mesh, PartitionSpec())
@@ -134,21 +120,21 @@ def _place(array, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def forecasts(model, w: dict, cfg: TrainConfig, devices, repeats: int = 1) -> tuple[np.ndarray, float, float]:
+def forecasts(build, w: dict, cfg: TrainConfig, devices, repeats: int = 1) -> tuple[np.ndarray, float, float]:
     """Every walk-forward model of the windows `w` (x, y, rows, x_next), trained at once with the model axis sharded
     over `devices` (one process's, or every process's after jax.distributed.initialize): (forecasts, seconds (the
-    median of `repeats` runs of the compiled trainer), compile seconds). Each model's key comes from the seed alone,
-    so the forecasts do not depend on the devices."""
+    median of `repeats` runs of the compiled trainer), compile seconds). Each model's initial weights come from the
+    model's own initializers (`build`) and the seed alone, so the forecasts do not depend on the devices."""
     import time
 
     groups, refits = w["rows"].shape
-    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(cfg.seed), groups * refits)))
-    keys = keys.reshape(groups, refits, -1)
+    init = InitialWeights.of(build, w["x"][0])
+    params = init.draw_grid((groups, refits), cfg.seed)[0]
     pad = (-refits) % len(devices)  # the model axis must split evenly: add empty windows (rows 0), drop them after
     grow = lambda a: np.concatenate([a, a[:, :1].repeat(pad, axis=1)], axis=1)  # noqa: E731
     rows = np.concatenate([w["rows"], np.zeros((groups, pad), w["rows"].dtype)], axis=1)
     start = time.perf_counter()
-    compiled, args = train_many(model, w["x"], w["y"], rows, jax.random.wrap_key_data(grow(keys)), cfg,
+    compiled, args = train_many(init.model, w["x"], w["y"], rows, [grow(p) for p in params], shuffle_key(cfg), cfg,
                                 devices=devices)
     compile_seconds = time.perf_counter() - start
     times = []
@@ -162,7 +148,12 @@ def forecasts(model, w: dict, cfg: TrainConfig, devices, repeats: int = 1) -> tu
 
         params = multihost_utils.process_allgather(params, tiled=True)
     params = [np.asarray(p)[:, :refits] for p in params]
-    return predict_many(model, params, w["x_next"])[..., 0], seconds, compile_seconds
+    return predict_many(init.model, params, w["x_next"])[..., 0], seconds, compile_seconds
+
+
+def shuffle_key(cfg: TrainConfig) -> jax.Array:
+    """The key of the walk-forward's shared permutations, from the run's seed."""
+    return jax.random.fold_in(jax.random.key(cfg.seed), 1)
 
 
 def predict_many(model, params, x) -> np.ndarray:

@@ -130,7 +130,7 @@ def _work(args) -> int:
 
         with np.load(args.data) as z:
             windows = dict(z)
-        pred, seconds, _ = many.forecasts(models.har(), windows, cfg, jax.devices())
+        pred, seconds, _ = many.forecasts(models.har, windows, cfg, jax.devices())
         if jax.process_index() == 0:
             save_npz(args.out, seconds=seconds, forecasts=pred)
         jax.distributed.shutdown()

@@ -13,7 +13,7 @@ draws one stream for every model, not each model's own (JAX's trainer takes them
 
 `train_many`, the walk-forward's, trains the HAR on masked windows, the scheme of `native/jax/many.py`:
 
-    params = train_many(model, x, y, rows, cfg)   # x (groups, N, features), rows (groups, models)
+    params = train_many(model, x, y, rows, start, cfg)   # x (groups, N, features), rows (groups, models)
 
 Model (g, m) trains on the first `rows[g, m]` rows of group g; each epoch shuffles the N positions once for every
 model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's stock Adam.
@@ -32,35 +32,19 @@ from keras_side.spec import SpecError, TrainConfig, check_outputs
 from native.torch import loop, optim
 
 
-def init_params(model, shape: tuple[int, ...], generator: torch.Generator) -> list[torch.nn.Parameter]:
-    """Glorot-uniform matrices and zero vectors, one set per model, stacked on the leading `shape` axes."""
-    params = []
-    for variable in model.trainable_variables:
-        own = tuple(variable.shape)
-        if len(own) >= 2:
-            limit = math.sqrt(6.0 / (own[-2] + own[-1]))
-            value = (torch.rand((*shape, *own), generator=generator) * 2 - 1) * limit
-        else:
-            value = torch.zeros((*shape, *own))
-        params.append(torch.nn.Parameter(value))
-    return params
-
-
 def _forward(model):
     """(groups, models, ...) params and (groups, batch, F) inputs -> (groups, models, batch, 1) predictions."""
     one = lambda p, xb: model.stateless_call(list(p), [], xb)[0]  # noqa: E731
     return torch.func.vmap(torch.func.vmap(one, in_dims=(0, None)))  # inner: the group's models share x
 
 
-def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, cfg: TrainConfig,
-               params: list[np.ndarray] | None = None) -> list[np.ndarray]:
-    """Train every model; returns the weights stacked as (groups, models, ...). `params` sets the starting weights
-    (default: drawn from `cfg.seed`); the epochs' permutations come from their own generator, seeded `cfg.seed`."""
+def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: list[np.ndarray],
+               cfg: TrainConfig) -> list[np.ndarray]:
+    """Train every model from `params`, its initial weights stacked (groups, models, ...)
+    (`InitialWeights.draw_grid`); returns the weights stacked the same way. The epochs' permutations come from their
+    own generator, seeded `cfg.seed`."""
     x, y, rows = torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(rows)
-    if params is None:
-        params = init_params(model, tuple(rows.shape), torch.Generator().manual_seed(cfg.seed))
-    else:
-        params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
+    params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
     optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
                                  fused=True)
     forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)

@@ -4,6 +4,7 @@ import numpy as np
 
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
+from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig
 from native.jax import many as jax_many
 
@@ -14,8 +15,8 @@ def problem(groups=2, models_per_group=3, n=400, seed=0):
     x = rng.normal(size=(groups, n, 3)).astype(np.float32)
     y = (x @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(groups, n, 1))).astype(np.float32)
     rows = rng.integers(100, n + 1, size=(groups, models_per_group)).astype(np.int32)
-    keys = jax.random.split(jax.random.key(seed), groups * models_per_group).reshape(groups, models_per_group)
-    return x, y, rows, keys
+    params = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, seed)[0]  # the HAR's own initializers
+    return x, y, rows, params, jax.random.key(seed)
 
 
 def test_an_epoch_sees_every_row_once():
@@ -27,9 +28,9 @@ def test_an_epoch_sees_every_row_once():
 
 
 def test_every_vmapped_model_equals_the_model_trained_alone():
-    x, y, rows, keys = problem()
+    x, y, rows, params, key = problem()
     cfg, model = TrainConfig(epochs=4), models.har()
-    compiled, args = jax_many.train_many(model, x, y, rows, keys, cfg)
+    compiled, args = jax_many.train_many(model, x, y, rows, params, key, cfg)
     together = compiled(*args)
     fit_one = jax.jit(jax_many.make_fit_one(model, cfg))
     for g, m in np.ndindex(rows.shape):
@@ -42,13 +43,13 @@ def test_every_vmapped_model_equals_the_model_trained_alone():
 
 def test_rows_outside_a_window_change_nothing():
     """A model's result does not depend on the rows after its window, nor on an empty window beside it."""
-    x, y, rows, keys = problem(groups=1)
+    x, y, rows, params, key = problem(groups=1)
     rows[0, 1] = 0  # an empty window: no rows, no update
     noisy = x.copy()
     noisy[0, rows[0, 0]:] = 1e3
     cfg, model = TrainConfig(epochs=2), models.har()
-    clean = jax_many.train_many(model, x, y, rows, keys, cfg)
-    dirty = jax_many.train_many(model, noisy, y, rows, keys, cfg)
+    clean = jax_many.train_many(model, x, y, rows, params, key, cfg)
+    dirty = jax_many.train_many(model, noisy, y, rows, params, key, cfg)
     clean_params, dirty_params = clean[0](*clean[1]), dirty[0](*dirty[1])
     for a, b in zip(clean_params, dirty_params, strict=True):
         np.testing.assert_array_equal(np.asarray(a)[0, 0], np.asarray(b)[0, 0])
@@ -58,18 +59,18 @@ def test_rows_outside_a_window_change_nothing():
 
 def test_sharded_over_two_devices_equals_one_device():
     assert len(jax.devices()) >= 2, "tests/native/conftest.py asks XLA for two host devices"
-    x, y, rows, keys = problem(models_per_group=4)
+    x, y, rows, params, key = problem(models_per_group=4)
     cfg, model = TrainConfig(epochs=2), models.har()
-    one = jax_many.train_many(model, x, y, rows, keys, cfg)
-    two = jax_many.train_many(model, x, y, rows, keys, cfg, devices=jax.devices()[:2])
+    one = jax_many.train_many(model, x, y, rows, params, key, cfg)
+    two = jax_many.train_many(model, x, y, rows, params, key, cfg, devices=jax.devices()[:2])
     assert len(two[1][0][0].sharding.device_set) == 2
     for a, b in zip(one[0](*one[1]), two[0](*two[1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_predict_many_is_each_models_own_forward():
-    x, y, rows, keys = problem()
-    compiled, args = jax_many.train_many(models.har(), x, y, rows, keys, TrainConfig(epochs=1))
+    x, y, rows, params, key = problem()
+    compiled, args = jax_many.train_many(models.har(), x, y, rows, params, key, TrainConfig(epochs=1))
     params = compiled(*args)
     x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
     got = jax_many.predict_many(models.har(), params, x_next)

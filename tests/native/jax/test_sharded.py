@@ -95,7 +95,7 @@ def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
 
 def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(panel, tmp_path):
     """Every walk-forward refit of two assets, the model axis split over two jax.distributed processes (one device
-    each): the forecasts one device gives, model for model (each model's key comes from the seed alone)."""
+    each): the forecasts one device gives, model for model (each model's start comes from the seed alone)."""
     from compare.speed import walk_forward
     from compare.tolerances import SHARDED_ATOL
     from keras_side import models
@@ -108,6 +108,6 @@ def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(pane
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(tmp_path / "out.npz") as z:
         across = z["forecasts"]
-    alone, _, _ = many.forecasts(models.har(), windows, TrainConfig(**spec), jax.devices()[:1])
+    alone, _, _ = many.forecasts(models.har, windows, TrainConfig(**spec), jax.devices()[:1])
     assert across.shape == alone.shape
     np.testing.assert_allclose(across, alone, atol=SHARDED_ATOL, rtol=0)

@@ -1,8 +1,8 @@
 import numpy as np
-import torch
 
 from compare.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side import models
+from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig
 from native.torch import many as torch_many
 
@@ -20,11 +20,11 @@ def test_every_batched_model_equals_the_model_trained_alone():
     each model's trajectory is its own."""
     x, y, rows = problem()
     cfg, model = TrainConfig(epochs=3), models.har()
-    start = [p.detach().numpy() for p in torch_many.init_params(model, rows.shape, torch.Generator().manual_seed(1))]
-    together = torch_many.train_many(model, x, y, rows, cfg, params=start)
+    start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 1)[0]
+    together = torch_many.train_many(model, x, y, rows, start, cfg)
     for g, m in np.ndindex(rows.shape):
-        alone = torch_many.train_many(model, x[g:g + 1], y[g:g + 1], rows[g:g + 1, m:m + 1], cfg,
-                                      params=[p[g:g + 1, m:m + 1] for p in start])
+        alone = torch_many.train_many(model, x[g:g + 1], y[g:g + 1], rows[g:g + 1, m:m + 1],
+                                      [p[g:g + 1, m:m + 1] for p in start], cfg)
         for t, a in zip(together, alone, strict=True):
             np.testing.assert_allclose(t[g, m], a[0, 0], atol=VMAP_VS_ALONE_ATOL, rtol=0)
         assert not np.allclose(together[0][g, m], start[0][g, m])  # it did train
@@ -34,15 +34,16 @@ def test_an_empty_window_stays_where_it_started():
     x, y, rows = problem(groups=1)
     rows[0, 2] = 0
     cfg, model = TrainConfig(epochs=2), models.har()
-    start = [p.detach().numpy() for p in torch_many.init_params(model, rows.shape, torch.Generator().manual_seed(0))]
-    end = torch_many.train_many(model, x, y, rows, cfg, params=start)
+    start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 0)[0]
+    end = torch_many.train_many(model, x, y, rows, start, cfg)
     for s, e in zip(start, end, strict=True):
         np.testing.assert_array_equal(s[0, 2], e[0, 2])
 
 
 def test_predict_many_is_each_models_own_forward():
     x, y, rows = problem()
-    params = torch_many.train_many(models.har(), x, y, rows, TrainConfig(epochs=1))
+    start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 0)[0]
+    params = torch_many.train_many(models.har(), x, y, rows, start, TrainConfig(epochs=1))
     x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
     got = torch_many.predict_many(models.har(), params, x_next)
     np.testing.assert_allclose(got, x_next @ params[0] + params[1][:, :, None], atol=1e-5, rtol=0)
@@ -51,7 +52,6 @@ def test_predict_many_is_each_models_own_forward():
 # The seeds trainer: each seed as the torch loop trains it alone; what cannot be stacked is refused.
 import pytest  # noqa: E402
 
-from keras_side.initial import InitialWeights  # noqa: E402
 from keras_side.spec import SpecError  # noqa: E402
 from keras_side.zoo import ZOO  # noqa: E402
 from native.torch import loop  # noqa: E402
