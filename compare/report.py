@@ -193,14 +193,23 @@ def cell_progress(total: int):
 
 def print_bench(timings: dict, targets) -> None:
     table = Table("path", "median ms", "min ms", "compile ms", "µs/step", "× vs fit", "× vs NumPy",
-                  title=f"training time, {timings['steps']} Adam steps, median of {timings['repeats']}",
-                  title_justify="left")
+                  "÷ its floor", title=f"training time, {timings['steps']} Adam steps, median of "
+                  f"{timings['repeats']} (floors: the same step without Keras)", title_justify="left")
     fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
     for name, row in timings["paths"].items():
         table.add_row(name, fmt(row["median_ms"], ",.1f"), fmt(row["min_ms"], ",.1f"), fmt(row["compile_ms"], ",.0f"),
                       fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"),
-                      fmt(row["ratio_vs_numpy"], ".2f"))
+                      fmt(row["ratio_vs_numpy"], ".2f"),
+                      "" if row.get("times_floor") is None else f"{row['times_floor']:.1f} ({row['floor']})")
     console().print(table)
+    if timings.get("torch_stages_us"):
+        stages = timings["torch_stages_us"]
+        parts = Table("torch eager step", *stages["keras"], "total µs", title="where the torch step's time goes, µs "
+                      "per step (each stage timed alone)", title_justify="left")
+        for name, row in stages.items():
+            parts.add_row("Keras model" if name == "keras" else "raw tensors", *[f"{v:.1f}" for v in row.values()],
+                          f"{sum(row.values()):.1f}")
+        console().print(parts)
     if timings.get("zoo"):
         console().print(_bench_zoo_table(timings["zoo"]))
     for what, value, goal, met in targets:

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from compare import paths, zoo
+from compare.speed import floors
 from compare.parity import steps as parity_steps
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling, keras_inputs, loss_units, save_trained
@@ -170,8 +171,15 @@ def bench(request: dict, send) -> dict:
     for _ in range(request["repeats"]):
         for name in request["paths"]:
             seed_everything(cfg.seed)
-            result = paths.get(name).train(_model(request, data), data, cfg)
-            send(event="timing", path=name, seconds=result.train_seconds, compile_seconds=result.compile_seconds)
+            if name in floors.FLOORS:  # the same step without Keras
+                seconds, compile_seconds = floors.FLOORS[name][1](data, cfg)
+            else:
+                result = paths.get(name).train(_model(request, data), data, cfg)
+                seconds, compile_seconds = result.train_seconds, result.compile_seconds
+            send(event="timing", path=name, seconds=seconds, compile_seconds=compile_seconds)
+    if request.get("stages") and ENGINE == "torch":  # where the eager step's time goes
+        seed_everything(cfg.seed)
+        send(event="stages", stages=floors.torch_stages(_model(request, data), data, cfg))
     return {}
 
 

@@ -11,11 +11,17 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     report = json.loads(out.read_text())
     assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-native-engine",
                                     "torch-native-compile-engine", "keras-jax", "jax-native", "jax-native-scan",
-                                    "numpy-floor"}
+                                    "numpy-floor", "torch-raw", "jax-raw", "jax-raw-scan"}
     for row in report["paths"].values():
         assert row["median_ms"] > 0 and 0 < row["min_ms"] <= row["median_ms"] and row["ratio_vs_numpy"] > 0
     assert report["paths"]["jax-native-scan"]["compile_ms"] > 0 and report["paths"]["keras-jax"]["ratio_vs_fit"] == 1
     assert report["paths"]["torch-native-compile"]["compile_ms"] > 0
+    # each path's floor, the same step without Keras, and how many times it costs
+    assert report["paths"]["jax-native-scan"]["floor"] == "jax-raw-scan"
+    assert report["paths"]["torch-native"]["floor"] == "torch-raw" and report["paths"]["keras-jax"]["floor"] == "jax-raw"
+    assert all(row["times_floor"] > 0 for row in report["paths"].values() if row["floor"])
+    assert report["paths"]["torch-raw"]["ratio_vs_fit"] > 0  # the floor against its engine's fit too
+    assert set(report["torch_stages_us"]) == {"keras", "raw"}
     assert report["steps"] == 2 * -(-har.n_train // 128) and report["machine"]["versions"]["keras"] == "3.15.1"
     walk = report["walk_forward"]
     assert walk["jax-vmap-1dev"]["models"] == walk["jax-vmap-2dev"]["models"] > 500
@@ -31,7 +37,8 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     assert "jax-native-scan vs fit" in printed and "mlp_l2: torch-native vs fit" in printed
     assert "the zoo: the same model through fit and by hand" in printed
     # progress while it runs: a bar per engine counting its timed runs (paths × repeats), the floor, the walk-forward
-    assert "torch: torch-native-compile-engine" in printed and "numpy: numpy-floor" in printed
+    assert "torch: torch-raw" in printed and "numpy: numpy-floor" in printed
+    assert "where the torch step's time goes" in printed
     assert "walk-forward: 582 models on jax and torch" in printed and "zoo mlp_l2: jax jax-native-scan" in printed
 
 

@@ -98,3 +98,12 @@ def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
 
 def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
     check_each_seed_trains_as_alone(jax_many, scan_alone, panel, "har", seeds=(1, 2), learning_rates=[0.003, 0.03])
+
+
+@pytest.mark.parametrize("driver", ["loop", "scan"])
+def test_the_bench_floors_are_the_loop_without_keras(har, driver):
+    from compare.speed import floors
+    from tests.native.floors import check_floor_trains_as_the_loop
+
+    check_floor_trains_as_the_loop(har, lambda *a, **k: floors.jax_raw(*a, driver=driver, **k),
+                                   lambda m, d, c: loop.train(m, d, c, driver=driver))

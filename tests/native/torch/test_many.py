@@ -83,3 +83,18 @@ def test_what_would_tie_the_models_together_is_refused(panel, name, spec, says):
     with pytest.raises(SpecError, match=says):
         torch_many.train_seeds(init.model, data, cfg, init.draw([0, 1]), torch_many.seed_orders(cfg, [0, 1],
                                                                                                  data.n_train))
+
+
+def test_the_bench_floor_is_the_loop_without_keras(har):
+    from compare.speed import floors
+    from tests.native.floors import check_floor_trains_as_the_loop
+
+    check_floor_trains_as_the_loop(har, floors.torch_raw, loop.train)
+
+
+def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
+    from compare.speed import floors
+
+    found = floors.torch_stages(models.ensure_built(models.har(), har.x_train), har, TrainConfig(epochs=1))
+    assert set(found) == {"keras", "raw"} and all(list(row) == list(floors.STAGES) for row in found.values())
+    assert all(v > 0 for row in found.values() for v in row.values())
