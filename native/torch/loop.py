@@ -163,13 +163,19 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             break
     if stop:
         model.set_weights(stop.best_weights)  # restore_best_weights
-    seconds, compile_seconds = sum(epoch_seconds), None
-    if compile and len(epoch_seconds) > 1:  # the compile is the first epoch's excess over a typical epoch
-        compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
-        seconds -= compile_seconds
+    seconds, compile_seconds = compile_apart(epoch_seconds) if compile else (sum(epoch_seconds), None)
     return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
+
+
+def compile_apart(epoch_seconds: list[float]) -> tuple[float, float | None]:
+    """(training seconds, compile seconds) of a compiled run: the compile is the first epoch's excess over a typical
+    epoch (None with one epoch: nothing to compare it with)."""
+    if len(epoch_seconds) < 2:
+        return sum(epoch_seconds), None
+    compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
+    return sum(epoch_seconds) - compile_seconds, compile_seconds
 
 
 @torch.no_grad()

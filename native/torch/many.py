@@ -16,8 +16,9 @@ draws one stream for every model, not each model's own (JAX's trainer takes them
     params = train_many(model, x, y, rows, start, cfg)   # x (groups, N, features), rows (groups, models)
 
 Model (g, m) trains on the first `rows[g, m]` rows of group g; each epoch shuffles the N positions once for every
-model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's stock Adam.
-Every model steps on every batch, so each trains exactly as it would alone (tested).
+model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's stock Adam
+(fused: one elementwise update of every model). Every model steps on every batch, so each trains exactly as it
+would alone (tested); `compile=True` gives the same weights, faster (tested).
 """
 from __future__ import annotations
 
@@ -39,31 +40,43 @@ def _forward(model):
 
 
 def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: list[np.ndarray],
-               cfg: TrainConfig) -> list[np.ndarray]:
+               cfg: TrainConfig, *, compile: bool = False, epoch_seconds: list | None = None) -> list[np.ndarray]:
     """Train every model from `params`, its initial weights stacked (groups, models, ...)
     (`InitialWeights.draw_grid`); returns the weights stacked the same way. The epochs' permutations come from their
-    own generator, seeded `cfg.seed`."""
+    own generator, seeded `cfg.seed`. `compile=True` runs each batch's loss (the windows' masks, the vmapped
+    forward, the masked MSE) through `torch.compile`: one graph for every batch (all have the same shape, the last
+    one padded), about 2.5 times faster after a compile of a few seconds (the first epoch). `epoch_seconds`
+    receives each epoch's wall time."""
     x, y, rows = torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(rows)
     params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
     optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
                                  fused=True)
     forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
+
+    def batch_loss(params, xb, yb, positions):
+        inside = (positions < rows[..., None]).to(xb.dtype)[..., None]  # (groups, models, batch, 1)
+        error = inside * (forward(params, xb) - yb[:, None]) ** 2
+        return (error.sum((2, 3)) / inside.sum((2, 3)).clamp(min=1)).sum()  # each model's own mean, summed
+
+    if compile:
+        torch.compiler.reset()  # a fresh cache, as the torch loop's compile: never torch's recompile limit
+        batch_loss = torch.compile(batch_loss, fullgraph=True)
     n_rows = x.shape[1]
     n_batches = math.ceil(n_rows / cfg.batch_size)
     x, y = torch.nn.functional.pad(x, (0, 0, 0, 1)), torch.nn.functional.pad(y, (0, 0, 0, 1))  # padding row n_rows
     for _ in range(cfg.epochs):
+        start = time.perf_counter()
         order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle),
                                         (0, n_batches * cfg.batch_size - n_rows), value=n_rows)
         xe, ye = x[:, order], y[:, order]  # one gather per group and epoch; batches are then views
         for b in range(n_batches):
             batch = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
-            inside = (order[batch] < rows[..., None]).to(x.dtype)[..., None]  # (groups, models, batch, 1)
-            pred = forward(params, xe[:, batch])
-            error = inside * (pred - ye[:, None, batch]) ** 2
-            per_model = error.sum((2, 3)) / inside.sum((2, 3)).clamp(min=1)
+            loss = batch_loss(params, xe[:, batch], ye[:, batch], order[batch])
             optimizer.zero_grad(set_to_none=True)
-            per_model.sum().backward()
+            loss.backward()
             optimizer.step()
+        if epoch_seconds is not None:
+            epoch_seconds.append(time.perf_counter() - start)
     return [p.detach().numpy() for p in params]
 
 

@@ -98,3 +98,16 @@ def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
     found = floors.torch_stages(models.ensure_built(models.har(), har.x_train), har, TrainConfig(epochs=1))
     assert set(found) == {"keras", "raw"} and all(list(row) == list(floors.STAGES) for row in found.values())
     assert all(v > 0 for row in found.values() for v in row.values())
+
+
+def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
+    """#15: the stacked trainer's batch loss through torch.compile, the same weights (each model as alone)."""
+    x, y, rows = problem()
+    cfg, model = TrainConfig(epochs=3), models.har()
+    start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 1)[0]
+    eager = torch_many.train_many(model, x, y, rows, start, cfg)
+    epochs = []
+    compiled = torch_many.train_many(model, x, y, rows, start, cfg, compile=True, epoch_seconds=epochs)
+    assert len(epochs) == 3
+    for e, c in zip(eager, compiled, strict=True):
+        np.testing.assert_allclose(c, e, atol=VMAP_VS_ALONE_ATOL, rtol=0)
