@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from compare import reference
 from keras_side.backend import engine_environment, engine_installed
-from keras_side.config import HarData
+from keras_side.config import HarData, interrupts_held
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 
@@ -118,25 +117,6 @@ class Outcome:
         return self.folder / "engines" / engine
 
 
-@contextmanager
-def _interrupts_held():
-    """Hold Ctrl-C and SIGTERM for the block, then deliver them as they came: raised inside `subprocess.Popen`,
-    after the fork, an interrupt would lose the started process (Popen never returns it), which then outlives the
-    run. Only the main thread receives signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
-    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in held:
-            signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default
-
-
 class Pool:
     """One live worker per engine, reused for every request: `pool.each(cmd, request_for)`.
 
@@ -152,7 +132,7 @@ class Pool:
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder
         self.workers = {}
         try:
-            with _interrupts_held():  # an interrupt never lands between a worker's fork and this record of it
+            with interrupts_held():  # an interrupt never lands between a worker's fork and this record of it
                 for engine in self.live:
                     self.workers[engine] = Worker(engine, self.engine_folder(engine), env)
         except BaseException:  # a failed start, or an interrupt, half-way: stop the workers already started
@@ -264,13 +244,12 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
                 break
         train = {"data": str(data_file), "config": cfg.to_dict(), "init": str(init_file), "build": build,
                  "same_epochs": same_epochs or cfg.epochs}
-        pool.each("train", lambda e: train, on_event)
+        # The yardstick of seed_noise (the HAR once per seed, by the engines with a many-model trainer) is asked
+        # with the training, so that it runs while the slowest engine (TensorFlow's fit) is still training.
+        many = {"name": "seeds", "fit": False, "seeds": seeds} if har and seeds else None
+        pool.each("train", lambda e: train | ({"many": many} if many and e in MANY_ENGINES else {}), on_event)
         if har:
             pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
-        if har and seeds:  # the yardstick of seed_noise: the engines with a many-model trainer, once per seed
-            request = {"data": str(data_file), "config": cfg.to_dict(), "build": build, "name": "seeds",
-                       "fit": False, "seeds": seeds}
-            pool.each("seeds", lambda e: request, only=[e for e in pool.live if e in MANY_ENGINES])
         h5 = {p.stem.removesuffix(".weights"): str(p)
               for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
         pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5, "build": build})

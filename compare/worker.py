@@ -81,6 +81,8 @@ def train_paths(request: dict, send) -> dict:
         same_cfg = cfg.replace(batch_order="numpy", validate=False, epochs=request["same_epochs"], patience=None)
         same = path.train(model, data, same_cfg, progress=progress("same"))
         np.savez(out / f"{path.name}.extra.npz", **_named("again", again.weights), **_named("same", same.weights))
+    if request.get("many"):  # the model once per seed too (compare's seed_noise), in the same request
+        seeds(request | request["many"], send)
     return {"paths": [p.name for p in paths.for_engine(ENGINE)]}
 
 

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -274,3 +276,23 @@ class Result:
             weights = [z[f"w{i}"] for i in range(len(z.files) - 1)]
             test_pred = z["test_pred"]
         return cls(weights=weights, test_pred=test_pred, **meta)
+
+
+@contextmanager
+def interrupts_held():
+    """Hold Ctrl-C and SIGTERM for the block, then deliver them as they came: for a step that must not be cut in
+    two (raised inside `subprocess.Popen` after the fork, an interrupt would lose the started process, which then
+    outlives the run; between a checkpoint's rename and the removal of the one before it, it would leave both).
+    Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default

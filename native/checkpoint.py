@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.config import versions
+from keras_side.config import interrupts_held, versions
 from keras_side.spec import SpecError, TrainConfig
 
 FORMAT = 1
@@ -159,16 +159,17 @@ class Checkpoints:
             state = {"format": FORMAT, "epoch": epoch, **self.identity, "curves": curves, "seed": self.cfg.seed,
                      "versions": versions()}
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            shutil.rmtree(final, ignore_errors=True)  # a run resumed from an earlier epoch writes this one again
-            os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        for older, folder in completed(self.root):
-            if older < epoch:  # out of sight first: a kill while it is being removed leaves no half epoch in view
-                trash = self.root / f".{folder.name}.old-{os.getpid()}"
-                os.rename(folder, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+        with interrupts_held():  # the new epoch in place and the older ones gone, or neither: never both in view
+            shutil.rmtree(final, ignore_errors=True)  # a run resumed from an earlier epoch writes this one again
+            os.rename(tmp, final)
+            for older, folder in completed(self.root):
+                if older < epoch:  # out of sight first: a kill while it is being removed leaves no half epoch in view
+                    trash = self.root / f".{folder.name}.old-{os.getpid()}"
+                    os.rename(folder, trash)
+                    shutil.rmtree(trash, ignore_errors=True)
         return final
 
 

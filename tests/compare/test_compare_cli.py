@@ -8,6 +8,7 @@ import os
 import pytest
 
 from compare import cli, runner
+from keras_side.config import interrupts_held
 
 PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]
 
@@ -325,7 +326,7 @@ def test_an_interrupt_while_workers_start_is_delivered_after_they_are_recorded()
     reached = []
     try:
         with pytest.raises(Stop):
-            with runner._interrupts_held():
+            with interrupts_held():
                 os.kill(os.getpid(), signal.SIGTERM)
                 reached.append("the rest of the block")
     finally:
