@@ -83,6 +83,14 @@ MAX_ORDER_ROWS = 50_000_000
 MAX_WALK_EPOCHS = 10_000_000
 
 
+def check_models(cfg: TrainConfig, rows: int, models: int, option: str) -> None:
+    """One line, before any training, when many models' batch orders (one per model and epoch, drawn up front)
+    would not fit in memory; `option` names what to ask less of."""
+    if cfg.epochs * rows * models > MAX_ORDER_ROWS:
+        raise NativeLoopsError(f"{models:,} models × {cfg.epochs:,} epochs × {rows:,} training rows of batch order "
+                               f"is more than the {MAX_ORDER_ROWS:,} rows held in memory; ask for fewer {option}")
+
+
 def check_epochs(cfg: TrainConfig, rows: int) -> None:
     """One line, before any training, for an --epochs whose batch orders would not fit in memory."""
     if cfg.epochs * rows > MAX_ORDER_ROWS:
@@ -391,6 +399,7 @@ def seeds(args: argparse.Namespace) -> int:
         panel, entry.data, asset=args.asset, split=args.split, end=args.end, validation=args.validation,
         source=source)
     check_epochs(cfg, prepared.n_train)
+    check_models(cfg, prepared.n_train, args.seeds, "--seeds or --epochs")
     plan, notes = seed_plan(engines, entry.draws, args.seeds, cfg.seed)
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
@@ -470,7 +479,7 @@ def sweep(args: argparse.Namespace) -> int:
     cfg = train_config(args)
     panel, source = load(args)
     prepared, ols = prepare_har(args, panel, source)
-    check_epochs(cfg, prepared.n_train * len(rates) * args.seeds)
+    check_models(cfg, prepared.n_train, len(rates) * args.seeds, "--learning-rates, --seeds or --epochs")
     too_big = [b for b in sizes if b > prepared.n_train]
     if too_big:
         raise NativeLoopsError(f"--batch-sizes {', '.join(map(str, too_big))}: larger than the {prepared.n_train:,} "

@@ -53,6 +53,8 @@ def test_rank_is_the_share_below():
     (["sweep", "--engines", "tensorflow"], "unknown engine(s) tensorflow"),
     (["sweep", "--batch-sizes", "100000"], "larger than the"),
     (["sweep", "--seeds", "5000"], "more than 5,000"),
+    (["seeds", "--seeds", "2000"], "ask for fewer --seeds or --epochs"),  # batch orders past memory
+    (["sweep", "--seeds", "900"], "ask for fewer --learning-rates, --seeds or --epochs"),
 ])
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, args, says):
     out = tmp_path / "run"
