@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 import torch
 
@@ -48,6 +49,12 @@ TORCH_LOSSES = {
     "mse": lambda y_true, y_pred: torch.mean(torch.square(y_true - y_pred), dim=-1),
     "mae": lambda y_true, y_pred: torch.mean(torch.abs(y_true - y_pred), dim=-1),
 }
+# The same for the losses that take logits (`from_logits=True`). Keras's own binary cross-entropy asks
+# `torch.backends.mps.is_available()` on every call, a graph break under torch.compile (tested bit-identical).
+TORCH_LOGIT_LOSSES = {
+    "binary_crossentropy": lambda y_true, y_pred: torch.mean(torch.nn.functional.binary_cross_entropy_with_logits(
+        y_pred, y_true.to(y_pred.dtype), reduction="none"), dim=-1),
+}
 
 
 def spec_loss(cfg: TrainConfig, same_rank: bool):
@@ -59,7 +66,8 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     losses, combined with `loss_weights` as `compile` combines them."""
     if cfg.outputs > 1:
         return training_loss(cfg)
-    per_sample = TORCH_LOSSES[cfg.loss] if same_rank and cfg.loss in TORCH_LOSSES else keras_loss(cfg).call
+    table = TORCH_LOGIT_LOSSES if cfg.from_logits else TORCH_LOSSES
+    per_sample = table[cfg.loss] if same_rank and cfg.loss in table else keras_loss(cfg).call
 
     def mean(y_true, y_pred, sample_weight=None):
         values = per_sample(y_true, y_pred)
@@ -122,6 +130,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
         # once more for a short last batch.
         torch.compiler.reset()
+        traceable(model)
         batch_loss = torch.compile(batch_loss)
     metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
@@ -167,6 +176,16 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
+
+
+def traceable(model) -> None:
+    """What torch.compile needs of a Keras model to trace its step in one graph. BatchNormalization keeps its reduction
+    axes in a list Keras tracks (a `TrackedList`), which dynamo cannot hand to `torch.mean`: a graph break at each
+    moment (8 a step on bn_mlp, and torch's recompile limit). A tuple is the same axes. Every zoo model then traces
+    in one graph but dropout_mlp: Keras's torch seed generator is `torch.compiler.disable`d (tested)."""
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization) and isinstance(layer._reduction_axes, list):
+            object.__setattr__(layer, "_reduction_axes", tuple(layer._reduction_axes))  # past Keras's tracking
 
 
 def compile_apart(epoch_seconds: list[float]) -> tuple[float, float | None]:

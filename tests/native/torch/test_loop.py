@@ -123,14 +123,18 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
     np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
 
 
-@pytest.mark.parametrize("name", sorted(torch_loop.TORCH_LOSSES))
-def test_losses_written_in_torch_are_keras_losses_to_the_bit(name):
-    """The eager loop's MSE and MAE in plain torch (for speed) against the Keras Loss object `fit` compiles with."""
+@pytest.mark.parametrize("name, logits", [(n, False) for n in sorted(torch_loop.TORCH_LOSSES)] +
+                         [(n, True) for n in sorted(torch_loop.TORCH_LOGIT_LOSSES)])
+def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
+    """The loop's MSE, MAE and binary cross-entropy from logits in plain torch (for speed, and one graph under
+    torch.compile) against the Keras Loss object `fit` compiles with."""
     from keras_side.spec import keras_loss
 
     rng = np.random.default_rng(0)
     y_true, y_pred = (torch.as_tensor(rng.normal(size=(257, 1)).astype(np.float32)) for _ in range(2))
-    cfg = TrainConfig(loss=name)
+    if logits:
+        y_true = (y_true > 0).to(torch.float32)  # 0/1 labels
+    cfg = TrainConfig(loss=name, from_logits=logits)
     want = keras_loss(cfg)(y_true, y_pred)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
@@ -181,3 +185,23 @@ def test_a_hosts_checkpoint_loads_in_another_process_and_in_this_one(tmp_path):
     again = torch_host.HostModel(unnamed_model())
     again.load_state_dict(here.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), saved.values()))
+
+
+@pytest.mark.parametrize("name", ["har", "bn_mlp", "classifier", "lstm", "panel"])
+def test_the_compiled_step_is_one_graph(panel, name):
+    """#15: the batch loss `train(compile=True)` compiles traces in one graph, no graph break (bn_mlp had 8, the
+    classifier 5), so it compiles once per batch shape; dropout_mlp is the exception (Keras's seed generator)."""
+    from compare import data as har_data
+    from keras_side.config import take
+    from keras_side.zoo import ZOO
+
+    data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
+    cfg = TrainConfig().replace(**entry.spec)
+    model = models.ensure_built(entry.builder()(), data.x_train)
+    torch_loop.traceable(model)
+    loss_fn = torch_loop.spec_loss(cfg, same_rank=True)
+    x, y = (torch_loop._tensors(take(a, slice(0, 128)), "cpu") for a in (data.x_train, data.y_train))
+    torch.compiler.reset()
+    explained = torch._dynamo.explain(lambda xb, yb: torch_loop.total_loss(model, loss_fn, xb, yb, training=True))(
+        x, y)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
