@@ -224,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_handlers():
             return COMMANDS[args.command](args)
-        return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
         return 2

@@ -157,6 +157,14 @@ def parse_names(text: str | None, known, what: str) -> list[str]:
     return names
 
 
+def check_installed(engines: list[str]) -> None:
+    """One line for an engine of --engines that is not installed (commands that cannot go on without it)."""
+    missing = [e for e in engines if not runner.engine_installed(e)]
+    if missing:
+        raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
+                               "from --engines")
+
+
 def parse_engines(text: str) -> list[str]:
     return parse_names(text, ENGINES, "engine")
 
@@ -342,10 +350,7 @@ def distributed(args: argparse.Namespace) -> int:
     if not 1 <= args.processes <= cores:
         raise NativeLoopsError(f"--processes must be between 1 and this machine's {cores} cores (one process "
                                f"each, one CPU device each), got {args.processes}")
-    missing = [e for e in engines if not runner.engine_installed(e)]
-    if missing:
-        raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
-                               "from --engines")
+    check_installed(engines)
     entry = zoo_matrix.ZOO.get(args.model)
     if args.model not in dist.MODELS:
         why = (": its sample weights are not taken by the data-parallel loops" if args.model in zoo_matrix.ZOO
@@ -395,10 +400,8 @@ def seeds(args: argparse.Namespace) -> int:
     entry, har = zoo_matrix.ZOO[args.model], args.model == "har"
     cfg = train_config(args).replace(**({} if har else entry.spec))
     panel, source = load(args)
-    prepared = prepare_har(args, panel, source)[0] if har else har_data.prepare_kind(
-        panel, entry.data, asset=args.asset, split=args.split, end=args.end, validation=args.validation,
-        source=source)
-    check_epochs(cfg, prepared.n_train)
+    prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
+                                     validation=args.validation, source=source)
     check_models(cfg, prepared.n_train, args.seeds, "--seeds or --epochs")
     plan, notes = seed_plan(engines, entry.draws, args.seeds, cfg.seed)
     out = Path(args.out) if args.out else default_out()
@@ -465,10 +468,7 @@ def parse_numbers(text: str, kind, what: str) -> list:
 
 def sweep(args: argparse.Namespace) -> int:
     engines = parse_names(args.engines, grid.ENGINES, "engine")
-    missing = [e for e in engines if not runner.engine_installed(e)]
-    if missing:
-        raise NativeLoopsError(f"{', '.join(missing)} not installed; `make setup` installs every engine, or drop it "
-                               "from --engines")
+    check_installed(engines)
     rates = parse_numbers(args.learning_rates, float, "learning-rates")
     sizes = parse_numbers(args.batch_sizes, int, "batch-sizes")
     if args.seeds < 1:

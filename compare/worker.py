@@ -8,6 +8,7 @@ Anything a library prints is sent to stderr, so the protocol stays clean.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -34,9 +35,14 @@ ENGINE = keras.config.backend()
 WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median
 
 
+def _builder(request: dict):
+    """The request's model builder ("module:function"; the HAR unless it names another)."""
+    return resolve(request.get("build", ZOO["har"].build))
+
+
 def _model(request: dict, data: HarData) -> keras.Model:
-    """A fresh model from the request's builder ("module:function"; the HAR unless it names another), built."""
-    return models.ensure_built(resolve(request.get("build", ZOO["har"].build))(), data.x_train)
+    """A fresh model from the request's builder, built."""
+    return models.ensure_built(_builder(request)(), data.x_train)
 
 
 def _test_loss(model: keras.Model, data: HarData, cfg: TrainConfig) -> float:
@@ -244,15 +250,13 @@ def seeds(request: dict, send) -> dict:
     """The model trained once per seed at once by this engine's many-model trainer (for each learning rate of the
     request when it gives several: rate-major), and with `fit` at the run's seed when asked: each model's
     validation and test loss, its trained trainable weights stacked."""
-    import importlib
-
     data, cfg, out = HarData.load(request["data"]), TrainConfig(**request["config"]), Path(request["out"])
     name, found = request["name"], {}
     if request["seeds"]:
         send(event="progress", engine=ENGINE, path=f"{len(request['seeds'])} seeds", stage="seeds", epoch=0, epochs=1)
         many = importlib.import_module(MANY[ENGINE])
         rates = request.get("learning_rates") or [cfg.learning_rate]
-        init = InitialWeights.of(resolve(request.get("build", ZOO["har"].build)), data.x_train)
+        init = InitialWeights.of(_builder(request), data.x_train)
         one_rate = init.draw(request["seeds"])  # every rate trains the same seeds: the rates are what differs
         start = [[np.concatenate([w] * len(rates)) for w in ws] for ws in one_rate]
         orders = many.seed_orders(cfg, request["seeds"], data.n_train)

@@ -32,17 +32,16 @@ FINDING = "the engines differ by more than a change of seed: look at what else d
 
 @dataclass(frozen=True)
 class Runs:
-    """Models of one engine: each one's test loss and validation loss, and its HAR slopes (None for another model)."""
+    """Models of one engine: each one's test loss, and its HAR slopes (None for another model)."""
 
     test_loss: np.ndarray  # (models,)
-    val_loss: np.ndarray  # (models,)
     slopes: np.ndarray | None  # (models, 3), original units
 
     @classmethod
     def from_result(cls, result, data: HarData) -> Runs:
         """One HAR path's run of a compare (its test loss is the test MSE, in log RV²)."""
         slopes = data.scaling.to_original(*result.weights[:2])[1]
-        return cls(np.array([result.test_loss]), np.array([result.val_loss[-1]]), slopes[None])
+        return cls(np.array([result.test_loss]), slopes[None])
 
     @classmethod
     def load(cls, file: Path, data: HarData, har: bool) -> Runs:
@@ -50,7 +49,7 @@ class Runs:
             slopes = None
             if har:  # the kernel (models, 3, 1) and bias (models, 1), back to original units
                 slopes = np.stack([data.scaling.to_original(k, b)[1] for k, b in zip(z["w_0"], z["w_1"])])
-            return cls(z["test_loss"], z["val_loss"], slopes)
+            return cls(z["test_loss"], slopes)
 
     def measures(self) -> dict[str, np.ndarray]:
         """What the gaps are measured on: {"test_loss": (models, 1), "slopes": (models, 3)}."""
@@ -67,18 +66,19 @@ class Spread:
     default: Runs
 
     @classmethod
-    def load(cls, folder: Path, engine: str, data: HarData, har: bool, name: str = "seeds") -> Spread:
-        many = folder / f"{name}.npz"
-        return cls(engine, Runs.load(many, data, har) if many.exists() else None,
-                   Runs.load(folder / f"{name}-fit.npz", data, har))
-
+    def load(cls, folder: Path, engine: str, data: HarData, har: bool) -> Spread:
+        """What the worker's `seeds` wrote in its engine's folder: the seeds (where it trained them), `fit`'s run."""
+        return cls(engine, _seeds_in(folder, data, har), Runs.load(folder / "seeds-fit.npz", data, har))
 
     @classmethod
     def of_compare(cls, folder: Path, fit_result, data: HarData) -> Spread:
         """A compare run's engine: the HAR once per seed where its worker trained it, its `fit` path's run."""
-        many = folder / "seeds.npz"
-        return cls(fit_result.engine, Runs.load(many, data, har=True) if many.exists() else None,
-                   Runs.from_result(fit_result, data))
+        return cls(fit_result.engine, _seeds_in(folder, data, har=True), Runs.from_result(fit_result, data))
+
+
+def _seeds_in(folder: Path, data: HarData, har: bool) -> Runs | None:
+    many = folder / "seeds.npz"
+    return Runs.load(many, data, har) if many.exists() else None
 
 
 def pair_gaps(values: np.ndarray) -> np.ndarray:
@@ -148,19 +148,16 @@ def seeds_of(cfg_seed: int, count: int) -> list[int]:
     return list(range(cfg_seed + 1, cfg_seed + 1 + count))
 
 
-def run(data: HarData, cfg, seeds: dict[str, list[int]], folder: Path, *, build: str, fit: bool = True,
-        name: str = "seeds", learning_rates: list[float] | None = None,
+def run(data: HarData, cfg, seeds: dict[str, list[int]], folder: Path, *, build: str,
         on_event=lambda engine, event: None) -> tuple[dict[str, str], dict]:
     """Ask each engine's worker (`seeds`: engine -> its seeds, none for `fit` alone) to train the model once per
-    seed with its many-model trainer (for each of `learning_rates`, when given) and, with `fit`, `fit` at the run's
-    seed. Returns (failed engines -> why, timings per engine)."""
+    seed with its many-model trainer, and `fit` at the run's seed. Returns (failed engines -> why, timings per
+    engine)."""
     data_file = folder / "data.npz"
     data.save(data_file)
     timings = {}
-    request = {"data": str(data_file), "config": cfg.to_dict(), "build": build, "name": name, "fit": fit,
-               "learning_rates": learning_rates}
+    request = {"data": str(data_file), "config": cfg.to_dict(), "build": build, "name": "seeds", "fit": True}
     with runner.Pool(list(seeds), folder, jobs=1) as pool:  # one at a time: each engine's timing has the cores
         pool.each("seeds", lambda e: request | {"seeds": seeds[e]},
                   lambda e, event: timings.__setitem__(e, event) if event["event"] == "done" else on_event(e, event))
     return pool.failed, {e: {k: v for k, v in t.items() if k != "event"} for e, t in timings.items()}
-

@@ -30,9 +30,9 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, le
     failed raises."""
     data_file = folder / "data.npz"
     data.save(data_file)
-    found = {e: {"val_mse": np.zeros((len(batch_sizes), len(learning_rates))), "val_mse_std": None,
-                 "seconds": 0.0, "compile_seconds": 0.0} for e in engines}
-    spread = {e: np.zeros_like(found[e]["val_mse"]) for e in engines}
+    shape = (len(batch_sizes), len(learning_rates))
+    found = {e: {"val_mse": np.zeros(shape), "val_mse_std": np.zeros(shape), "seconds": 0.0, "compile_seconds": 0.0}
+             for e in engines}
     with runner.Pool(engines, folder, jobs=1) as pool:
         for i, batch_size in enumerate(batch_sizes):
             name = f"sweep-b{batch_size}"
@@ -46,13 +46,11 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, le
                 with np.load(pool.engine_folder(engine) / f"{name}.npz") as z:
                     val = z["val_loss"].reshape(len(learning_rates), seeds)  # rate-major, as asked
                 found[engine]["val_mse"][i] = val.mean(axis=1)
-                spread[engine][i] = val.std(axis=1)
+                found[engine]["val_mse_std"][i] = val.std(axis=1)
                 found[engine]["seconds"] += times[engine]["seconds"]
                 found[engine]["compile_seconds"] += times[engine]["compile_seconds"] or 0.0
     if pool.failed:
         raise NativeLoopsError("sweep worker failed: " + "; ".join(f"{e}: {m}" for e, m in pool.failed.items()))
-    for engine in engines:
-        found[engine]["val_mse_std"] = spread[engine]
     return found
 
 

@@ -119,9 +119,10 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     optimizer, scheduler, _ = optim.build(groups[0], cfg.replace(learning_rate=blocks[0][0]))
     for (rate, _), params in zip(blocks[1:], groups[1:]):
         optimizer.add_param_group({"params": params, "lr": rate})
-    stacked = lambda: [torch.cat(vs) for vs in zip(*groups)]  # noqa: E731  every model's weights, in order
+    # every model's weights, in order: the one group's own tensors, or the rates' groups joined (a copy a step)
+    stacked = (lambda: groups[0]) if len(groups) == 1 else (lambda: [torch.cat(vs) for vs in zip(*groups)])
     state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
-    x, y = _tensors(data.x_train), _tensors(data.y_train)
+    x, y = loop._tensors(data.x_train, None), loop._tensors(data.y_train, None)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train)
     loss_fn = loop.spec_loss(cfg, same_rank=True)
     losses = _losses(model, loss_fn, training=True)
@@ -160,7 +161,7 @@ def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
     """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
     model axis (models, outputs, n, ...)."""
     def one(trainable, non_trainable):
-        pred, _ = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(_tensors(x)), training=False)
+        pred, _ = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(loop._tensors(x, None)), training=False)
         return torch.stack(list(pred)) if isinstance(pred, (list, tuple)) else pred
 
     as_tensors = lambda ws: [torch.as_tensor(np.asarray(w)) for w in ws]  # noqa: E731
@@ -195,12 +196,8 @@ def _blocks(rates: list[float]) -> list[tuple[float, slice]]:
     return blocks
 
 
-def _tensors(x):
-    return tuple(torch.as_tensor(a) for a in x) if isinstance(x, tuple) else torch.as_tensor(x)
-
-
 def _broadcast(x, n_models: int):
     """The same rows for every model: a leading model axis, expanded (a view, no copy)."""
-    x = _tensors(x)
+    x = loop._tensors(x, None)
     grow = lambda a: a.expand(n_models, *a.shape)  # noqa: E731
     return tuple(grow(a) for a in x) if isinstance(x, tuple) else grow(x)

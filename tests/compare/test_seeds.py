@@ -13,8 +13,8 @@ def spread(engine, seeds, default_loss, default_slopes, rng=None):
     many = None
     if seeds:
         rng = rng or np.random.default_rng(0)
-        many = Runs(0.17 + 0.001 * rng.random(seeds), np.zeros(seeds), 0.4 + 0.05 * rng.normal(size=(seeds, 3)))
-    return Spread(engine, many, Runs(np.array([default_loss]), np.zeros(1), np.array([default_slopes])))
+        many = Runs(0.17 + 0.001 * rng.random(seeds), 0.4 + 0.05 * rng.normal(size=(seeds, 3)))
+    return Spread(engine, many, Runs(np.array([default_loss]), np.array([default_slopes])))
 
 
 def test_runs_inside_the_seed_spread_pass_and_the_tolerance_is_the_99th_percentile():
