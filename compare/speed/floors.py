@@ -63,7 +63,7 @@ def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, 
 
     found = {}
     params = [p for p in model.parameters() if p.requires_grad]
-    keras_step = (optim.build(params, cfg)[0], lambda xb: model(xb, training=True))
+    keras_step = (optim.build(params, cfg)[0], lambda xb: loop._forward(model, xb, training=True))
     for name, (optimizer, forward) in {"keras": keras_step, "raw": _torch_raw(data, cfg)[1:]}.items():
         loss_fn = loop.spec_loss(cfg, same_rank=True)
         x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
