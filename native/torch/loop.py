@@ -19,6 +19,7 @@ import time
 import keras
 import numpy as np
 import torch
+from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, batch_slices, first, keras_inputs, numpy_orders, take
@@ -157,9 +158,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
         # once more for a short last batch.
         torch.compiler.reset()
+        counters.clear()  # dynamo's tally, to tell after the first epoch whether the step broke its graph
         traceable(model)
-        batch_loss = torch.compile(batch_loss)
-    warm = False  # compiled: every batch shape of the run has been compiled (after the first epoch)
+        batch_loss = fresh_losses(model, torch.compile(batch_loss))
+    warm = False  # compiled in one graph, for every batch shape of the run (after the first epoch): guards skipped
     metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     train_loss, val_loss, epoch_seconds, metrics.history = curves["loss"], curves["val_loss"], [], curves["metrics"]
@@ -187,7 +189,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                     metrics.update(y_batch, outputs.detach())
                 if on_step:
                     on_step(loss.detach())
-        warm = compile
+        warm = compile and not counters["graph_break"]
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:
@@ -214,10 +216,27 @@ def guards_skipped():
     Before running a compiled graph dynamo checks every assumption it traced under, here every Keras attribute the
     forward read (the layers' flags, dtype policies, Keras's global state): 30 µs of the HAR's 200 µs compiled step.
     "Unsafe" means: correct only when nothing would recompile. The loop enters it after its first epoch, once every
-    batch shape of the run (the full batch and the short last one) is compiled; nothing later changes a shape, a
-    dtype or the model, and the rate and step reach the optimizer as tensors. The same graphs then run, and the
-    weights end where they end with every guard checked, to the bit (tested)."""
+    batch shape of the run (the full batch and the short last one) is compiled, and only when the step is one graph;
+    nothing later changes a shape, a dtype or the model, and the rate and step reach the optimizer as tensors. The
+    same graphs then run, and the weights end where they end with every guard checked, to the bit (tested). A step
+    with graph breaks (dropout_mlp: Keras's seed generator runs outside the graph) resumes through pieces that
+    dynamo re-specializes as it goes, so it keeps every guard. Would a one-graph step still need to recompile, torch
+    stops it with an error rather than run stale code (that is how `fresh_losses` was found)."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def fresh_losses(model, compiled):
+    """`compiled`, called after the model's losses of the last call are cleared, outside the graph.
+
+    A layer's activity regularizer leaves its loss in the layer (`_losses`), and the next call clears it. Traced,
+    that clearing reads the last step's loss tensor, and dynamo guards on it: a new tensor each step, so a recompile
+    each step, until torch's recompile limit and its silent fall-back to eager (found on mlp_l2 by `guards_skipped`,
+    under which a recompile is an error). Cleared here, the graph meets empty lists, every step alike."""
+    def call(*args):
+        model._clear_losses()
+        return compiled(*args)
+
+    return call
 
 
 def traceable(model) -> None:

@@ -300,3 +300,22 @@ def test_the_compiled_update_equals_the_eager_one_and_never_recompiles():
         assert counters["stats"]["unique_graphs"] == (1 if compile else 0)
     np.testing.assert_allclose(ends[1], ends[0], atol=COMPILED_VS_EAGER_ATOL, rtol=0)
     assert not torch.equal(ends[0], torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("name", ["har", "mlp_l2"])
+def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name):
+    """#15: the full batch, the short last batch, the optimizer's update: three graphs for the whole run, after
+    which the loop skips the guards (a recompile there is an error). mlp_l2's activity regularizer once cost a
+    recompile a step (dynamo guarded on the last step's loss tensor, left in the layer) until torch fell back to
+    eager without a word; `fresh_losses` clears it outside the graph."""
+    from torch._dynamo.utils import counters
+
+    from compare import data as har_data
+    from keras_side.zoo import ZOO
+
+    data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
+    assert data.n_train % 128  # a short last batch
+    seed_everything(0)
+    torch_loop.train(entry.builder()(), data, TrainConfig(epochs=3, validate=False).replace(**entry.spec),
+                     compile=True)
+    assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
