@@ -6,23 +6,30 @@ from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
 from native.tensorflow import loop as tf_loop
 
 
-def test_step_traces_once_for_every_batch_size(har):
+def test_step_traces_once_for_every_batch_size_and_gathers_its_rows(har):
+    """The step takes the batch's row numbers and gathers the batch in its graph; its loss sum is rows × loss."""
+    import tensorflow as tf
+
     seed_everything(0)
     model = models.har()
     optimizer = keras_optimizer(TrainConfig())
     optimizer.build(model.trainable_variables)
     step = tf_loop.make_step(model, keras_loss(TrainConfig()), optimizer, har.x_train, har.y_train)
-    for rows in (slice(0, 128), slice(128, 256), slice(0, 37)):
-        step(har.x_train[rows], har.y_train[rows])
+    rows = np.arange(len(har.x_train))[::-1]  # not in order: the gather picks them
+    for batch in (rows[0:128], rows[128:256], rows[:37]):
+        expected = float(tf.reduce_mean(tf.square(model(har.x_train[batch]) - har.y_train[batch])))
+        step.total.assign(0.0)
+        np.testing.assert_allclose(float(step(batch)), expected, rtol=1e-6)
+        np.testing.assert_allclose(float(step.total), expected * len(batch), rtol=1e-6)
     assert step.experimental_get_tracing_count() == 1
 
 
 def test_batch_orders_are_seeded_permutations(har):
     cfg = TrainConfig(epochs=2)
     first, again = tf_loop.batch_orders(cfg, 50), tf_loop.batch_orders(cfg, 50)
-    assert sorted(first[0].numpy()) == list(range(50))
-    np.testing.assert_array_equal(first[1].numpy(), again[1].numpy())
-    assert not np.array_equal(first[0].numpy(), first[1].numpy())
+    assert sorted(first[0]) == list(range(50)) and first[0].dtype == np.int64
+    np.testing.assert_array_equal(first[1], again[1])
+    assert not np.array_equal(first[0], first[1])
 
 
 def test_keras_on_tensorflow_squares_an_embeddings_gradient_slices_unless_dense(panel):
