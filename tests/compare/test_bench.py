@@ -6,7 +6,7 @@ from compare import cli
 
 def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "2", "--models", "mlp_l2",
+    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "1", "--models", "mlp_l2",
                      "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-native-engine",
@@ -29,12 +29,14 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     assert walk["keras-jax-fit-extrapolated"]["measured_refits"] == 2 and walk["torch-vmap"]["seconds"] > 0
     # --models: the zoo table, the same schema per model, the ratios to its engine's fit, no NumPy floor
     zoo = report["zoo"]["mlp_l2"]
-    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "keras-jax", "jax-native", "jax-native-scan"}
+    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "keras-jax", "jax-native",
+                                 "jax-native-scan"}
     assert all(row["median_ms"] > 0 and row["ratio_vs_fit"] > 0 and row["ratio_vs_numpy"] is None
                for row in zoo["paths"].values())
     assert zoo["steps"] == report["steps"] and not report["incomplete"]
     printed = capsys.readouterr().out
     assert "jax-native-scan vs fit" in printed and "mlp_l2: torch-native vs fit" in printed
+    assert "mlp_l2: torch-native-compile vs fit" in printed and zoo["paths"]["torch-native-compile"]["compile_ms"] > 0
     assert "the zoo: the same model through fit and by hand" in printed
     # progress while it runs: a bar per engine counting its timed runs (paths × repeats), the floor, the walk-forward
     assert "torch: torch-raw" in printed and "numpy: numpy-floor" in printed
