@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from compare.reference import Ols
+from compare.speed.bench import ZOO_VARIANTS
 from compare.synthetic import TrueProcess
 from keras_side.config import HarData, Result, versions
 from keras_side.spec import TrainConfig
@@ -221,17 +222,20 @@ def print_bench(timings: dict, targets) -> None:
 
 
 def _bench_zoo_table(zoo: dict) -> Table:
-    """Per zoo model and engine: fit's median, the native loop's (and JAX's fused scan), and each × fit."""
-    table = Table("model", "engine", "fit ms", "native ms", "× fit", "fused scan ms", "× fit",
+    """Per zoo model and engine: fit's median, the native loop's and its engine's fast path's (JAX's fused scan,
+    torch's compiled step; `bench.ZOO_VARIANTS`), each × fit."""
+    table = Table("model", "engine", "fit ms", "native ms", "× fit", "fast path", "ms", "× fit", "compile s",
                   title="the zoo: the same model through fit and by hand, median of the repeats", title_justify="left")
     fmt = lambda row, key, spec: "" if row is None or row[key] is None else format(row[key], spec)  # noqa: E731
     for model, timed in zoo.items():
         for engine in dict.fromkeys(name.split("-")[1] for name in timed["paths"] if name.startswith("keras-")):
             fit, native = timed["paths"].get(f"keras-{engine}"), timed["paths"].get(f"{engine}-native")
-            scan = timed["paths"].get("jax-native-scan") if engine == "jax" else None
+            fast = next((p for p in ZOO_VARIANTS.get(engine, []) if p in timed["paths"]), None)
+            row = timed["paths"].get(fast)
+            compile_s = "" if row is None or row["compile_ms"] is None else f"{row['compile_ms'] / 1e3:.1f}"
             table.add_row(model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
-                          fmt(native, "ratio_vs_fit", ".1f"), fmt(scan, "median_ms", ",.1f"),
-                          fmt(scan, "ratio_vs_fit", ".1f"))
+                          fmt(native, "ratio_vs_fit", ".1f"), fast or "", fmt(row, "median_ms", ",.1f"),
+                          fmt(row, "ratio_vs_fit", ".1f"), compile_s)
     return table
 
 
