@@ -59,8 +59,8 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
     back to the layers in order when it has no graph; so does this, each layer through its own `Layer.__call__`
     (training flag, autocast, masks on the tensors, activity regularizers), bit-identical (tested on the zoo). A
     layer that holds layers but takes no `training` would lose the flag its inner layers read from the model's
-    call, so such a model is called whole."""
-    if not isinstance(model, keras.Sequential):
+    call, so such a model is called whole, as is a Sequential subclass with a `call` of its own."""
+    if not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call:
         return None
     layers = [(layer, layer._call_has_training_arg) for layer in model.layers]
     if any(not takes and layer._layers for layer, takes in layers):

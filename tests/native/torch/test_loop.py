@@ -246,7 +246,8 @@ def test_masks_ride_on_the_tensors_between_layers_in_order():
 
 
 def test_a_layer_holding_layers_without_a_training_flag_keeps_the_model_whole():
-    """Its inner Dropout reads `training` from the model's call: called alone it would not see it."""
+    """Its inner Dropout reads `training` from the model's call: called alone it would not see it. A Sequential
+    subclass with its own `call` is called whole too."""
     class Block(keras.layers.Layer):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
@@ -255,8 +256,15 @@ def test_a_layer_holding_layers_without_a_training_flag_keeps_the_model_whole():
         def call(self, x):
             return self.dropout(x)
 
+    class Doubled(keras.Sequential):
+        def call(self, x, training=None):
+            return 2 * super().call(x, training=training)
+
     model = keras.Sequential([keras.Input((3,)), Block(), keras.layers.Dense(1)])
     assert torch_loop.in_order(model) is None and torch_loop.in_order(models.mlp_functional()) is None
+    doubled = Doubled([keras.Input((3,)), keras.layers.Dense(1)])
+    assert torch_loop.in_order(doubled) is None  # its own call is the model
+    assert torch.equal(torch_loop._forward(doubled, torch.ones((2, 3)), training=True), doubled(torch.ones((2, 3))))
     x = torch.ones((1000, 3))
     assert not torch.equal(model(x, training=True), model(x, training=False))  # the flag reached the Dropout
     assert torch.equal(torch_loop._forward(model, x, training=False), model(x, training=False))
