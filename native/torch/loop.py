@@ -39,14 +39,22 @@ def _tensors(x, device):
 
 
 def _forward(model, x, training: bool):
-    """The model's outputs: a Sequential model's layers in order, any other model called whole."""
+    """The model's outputs: a Sequential model's layers in order, any other model called whole (so are inputs
+    whose rank or dtype the model's graph would first adjust: the layers alone would not)."""
     layers = in_order(model)
-    if layers is None:
-        return model(keras_inputs(x), training=training)
     x = keras_inputs(x)
+    if layers is None or not _as_declared(model, x):
+        return model(x, training=training)
     for layer, takes_training in layers:
         x = layer(x, training=training) if takes_training else layer(x)
     return x
+
+
+def _as_declared(model, x) -> bool:
+    """`x` is one tensor of the rank and dtype of the model's declared input."""
+    spec = model.inputs[0]
+    return (isinstance(x, torch.Tensor) and x.ndim == len(spec.shape)
+            and keras.backend.standardize_dtype(x.dtype) == spec.dtype)
 
 
 def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
@@ -60,8 +68,9 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
     (training flag, autocast, masks on the tensors, activity regularizers), bit-identical (tested on the zoo). A
     layer that holds layers but takes no `training` would lose the flag its inner layers read from the model's
     call, so such a model is called whole, as is a Sequential subclass with a `call` of its own."""
-    if not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call:
-        return None
+    if (not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call
+            or type(model).__call__ is not keras.Sequential.__call__ or not model._functional):
+        return None  # with no graph (no Input) `model(x)` already calls the layers in order
     layers = [(layer, layer._call_has_training_arg) for layer in model.layers]
     if any(not takes and layer._layers for layer, takes in layers):
         return None
@@ -189,7 +198,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                     metrics.update(y_batch, outputs.detach())
                 if on_step:
                     on_step(loss.detach())
-        warm = compile and not counters["graph_break"]
+        warm = compile and on_step is None and one_graph()  # your `on_step` may change what the graphs read
         train_loss.append(total.item() / data.n_train)
         metrics.close()
         if cfg.validate:
@@ -214,15 +223,25 @@ def guards_skipped():
     """torch's stance that checks only the guards that tell its compiled graphs apart (`skip_guard_eval_unsafe`).
 
     Before running a compiled graph dynamo checks every assumption it traced under, here every Keras attribute the
-    forward read (the layers' flags, dtype policies, Keras's global state): 30 µs of the HAR's 200 µs compiled step.
-    "Unsafe" means: correct only when nothing would recompile. The loop enters it after its first epoch, once every
-    batch shape of the run (the full batch and the short last one) is compiled, and only when the step is one graph;
-    nothing later changes a shape, a dtype or the model, and the rate and step reach the optimizer as tensors. The
-    same graphs then run, and the weights end where they end with every guard checked, to the bit (tested). A step
-    with graph breaks (dropout_mlp: Keras's seed generator runs outside the graph) resumes through pieces that
-    dynamo re-specializes as it goes, so it keeps every guard. Would a one-graph step still need to recompile, torch
-    stops it with an error rather than run stale code (that is how `fresh_losses` was found)."""
+    forward read (the layers' flags, dtype policies, Keras's global state): 30 µs of the HAR's 200 µs compiled step
+    (entering the stance around each call would cost as much again, so the loop enters it once an epoch). "Unsafe"
+    means two things. A change that would need a new graph (a shape, a dtype) is an error, not a recompile. And a
+    Python value a graph read (a layer's attribute, a float) is no longer checked: changed, the old graph runs on.
+    The loop enters it after the first epoch has compiled every batch shape of the run, only when that epoch traced
+    one graph each (`one_graph`) and there is no `on_step` of yours, which could change what the graphs read. In the
+    loop's own code nothing changes a shape, a dtype or the model, and the rate and step reach the optimizer as
+    tensors: the same graphs run, and the weights end where they end with every guard checked, to the bit (tested).
+    A step with graph breaks (dropout_mlp: Keras's seed generator runs outside the graph) resumes through pieces that
+    dynamo re-specializes as it goes, so it keeps every guard."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def one_graph() -> bool:
+    """Dynamo's tally since the loop's `counters.clear()`: graphs were compiled (not a caller's `force_eager`), none
+    broken or given up on, and the caller left torch's stance at its default."""
+    stance = torch._dynamo.eval_frame._stance
+    return (counters["stats"]["unique_graphs"] > 0 and not counters["graph_break"] and not counters["unimplemented"]
+            and stance.stance == "default" and not stance.skip_guard_eval_unsafe)
 
 
 def fresh_losses(model, compiled):

@@ -70,7 +70,7 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
         order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle),
                                         (0, n_batches * cfg.batch_size - n_rows), value=n_rows)
         xe, ye = x[:, order], y[:, order]  # one gather per group and epoch; batches are then views
-        # compiled: after the first epoch's graph, only the guards that tell graphs apart (`loop.guards_skipped`)
+        # compiled: after the first epoch's one graph (fullgraph), only the guards that tell graphs apart
         with loop.guards_skipped() if compile and epoch else contextlib.nullcontext():
             for b in range(n_batches):
                 batch = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)

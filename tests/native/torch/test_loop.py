@@ -274,12 +274,13 @@ def test_skipping_guards_after_the_first_epoch_runs_the_same_graphs(har, monkeyp
     """#15: after the first epoch the compiled loop checks only the guards that tell its graphs apart
     (`guards_skipped`); the weights end where a run that checks every guard ends, to the bit."""
     cfg = TrainConfig(epochs=3, validate=False)
-    runs = []
+    runs, skipped, stance = [], [], torch_loop.guards_skipped
     for skip in (True, False):
-        if not skip:
-            monkeypatch.setattr(torch_loop, "guards_skipped", lambda: torch.compiler.set_stance("default"))
+        monkeypatch.setattr(torch_loop, "guards_skipped", lambda: skipped.append(1) or stance() if skip else
+                            torch.compiler.set_stance("default"))
         seed_everything(0)
         runs.append(torch_loop.train(models.har(), har, cfg, compile=True))
+    assert len(skipped) == 2  # epochs 2 and 3 ran with their guards skipped
     assert all(np.array_equal(a, b) for a, b in zip(runs[0].weights, runs[1].weights))
     assert runs[0].train_loss == runs[1].train_loss
 
@@ -311,9 +312,9 @@ def test_the_compiled_update_equals_the_eager_one_and_never_recompiles():
 
 
 @pytest.mark.parametrize("name", ["har", "mlp_l2"])
-def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name):
-    """#15: the full batch, the short last batch, the optimizer's update: three graphs for the whole run, after
-    which the loop skips the guards (a recompile there is an error). mlp_l2's activity regularizer once cost a
+def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name, monkeypatch):
+    """#15: the full batch, the short last batch, the optimizer's update: three graphs for the whole run, here
+    with every guard checked (so a graph gone stale would recompile, and count). mlp_l2's activity regularizer once cost a
     recompile a step (dynamo guarded on the last step's loss tensor, left in the layer) until torch fell back to
     eager without a word; `fresh_losses` clears it outside the graph."""
     from torch._dynamo.utils import counters
@@ -324,6 +325,16 @@ def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name):
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
     assert data.n_train % 128  # a short last batch
     seed_everything(0)
+    monkeypatch.setattr(torch_loop, "guards_skipped", lambda: torch.compiler.set_stance("default"))  # every guard
     torch_loop.train(entry.builder()(), data, TrainConfig(epochs=3, validate=False).replace(**entry.spec),
                      compile=True)
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
+
+
+def test_inputs_the_models_graph_would_adjust_go_through_the_model_whole():
+    """A (n,) vector for a model declared on (n, 1): Keras's graph adds the axis; the layers alone would not."""
+    seed_everything(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
+    x = torch.ones(4)
+    assert torch.equal(torch_loop._forward(model, x, training=False), model(x, training=False))
+    assert torch_loop._as_declared(model, torch.ones((4, 1))) and not torch_loop._as_declared(model, x)
