@@ -8,8 +8,10 @@ What `fit` adds, written out: the spec's Keras loss plus `model.losses` (the reg
 spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and the short last batch as it comes.
 
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop with the batch loss, the model's
-forward and the loss, through `torch.compile`: one graph, no Keras Python per step, and a backward graph from
-AOTAutograd. It pays a one-off compile (seconds, reported apart) for a step about 1.5 times faster.
+forward and the loss, through `torch.compile` (one graph, no Keras Python per step, and a backward graph from
+AOTAutograd), and the Keras-exact update too (one kernel), then skips dynamo's guards once every batch shape is
+compiled (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step about 1.7 times faster
+than eager on the HAR (189 against 313 µs in one bench run).
 """
 from __future__ import annotations
 
@@ -165,7 +167,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     if compile:
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
-        # once more for a short last batch.
+        # once more for a short last batch; the optimizer's update once, at the first step.
         torch.compiler.reset()
         counters.clear()  # dynamo's tally, to tell after the first epoch whether the step broke its graph
         traceable(model)

@@ -164,7 +164,8 @@ def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
     """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
     model axis (models, outputs, n, ...)."""
     def one(trainable, non_trainable):
-        pred, _ = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(loop._tensors(x, None)), training=False)
+        inputs = keras_inputs(loop._tensors(x, None))
+        pred, _ = model.stateless_call(list(trainable), list(non_trainable), inputs, training=False)
         return torch.stack(list(pred)) if isinstance(pred, (list, tuple)) else pred
 
     as_tensors = lambda ws: [torch.as_tensor(np.asarray(w)) for w in ws]  # noqa: E731

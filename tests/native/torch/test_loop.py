@@ -314,8 +314,8 @@ def test_the_compiled_update_equals_the_eager_one_and_never_recompiles():
 @pytest.mark.parametrize("name", ["har", "mlp_l2"])
 def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name, monkeypatch):
     """#15: the full batch, the short last batch, the optimizer's update: three graphs for the whole run, here
-    with every guard checked (so a graph gone stale would recompile, and count). mlp_l2's activity regularizer once cost a
-    recompile a step (dynamo guarded on the last step's loss tensor, left in the layer) until torch fell back to
+    with every guard checked (so a graph gone stale would recompile, and count). mlp_l2's activity regularizer once
+    cost a recompile a step (dynamo guarded on the last step's loss tensor, left in the layer) until torch fell back to
     eager without a word; `fresh_losses` clears it outside the graph."""
     from torch._dynamo.utils import counters
 
