@@ -232,6 +232,51 @@ def test_a_sequential_models_layers_in_order_are_the_model(name, training):
     assert all(np.array_equal(a, b) for a, b in zip(whole_after, _state(model)))
 
 
+def _called_whole(monkeypatch) -> list[str]:
+    """The names of the layers then called through `Layer.__call__` (the others through their `call`)."""
+    called, keras_call = [], keras.Layer.__call__
+
+    def spy(layer, *args, **kwargs):
+        called.append(layer.name)
+        return keras_call(layer, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Layer, "__call__", spy)  # every layer class that keeps Keras's __call__ gets the spy
+    return called
+
+
+@pytest.mark.parametrize("name, whole", [("har", []), ("bn_mlp", []), ("dropout_mlp", []), ("classifier", []),
+                                         ("mlp_l2", ["hidden"]), ("lstm", ["lstm"]), ("conv1d", ["pool"])])
+def test_a_layer_is_called_through_its_call_when_its_wrapper_has_nothing_to_do(monkeypatch, name, whole):
+    """#15: `Layer.__call__` costs a Dense more than its `call` on torch; the loop calls `call` unless the wrapper
+    has work: mlp_l2's hidden layer has an activity regularizer, the LSTM holds its cell, the pooling makes its own
+    mask (`compute_mask`). The outputs are the model's to the bit (and in every state: the test above)."""
+    from keras_side.zoo import ZOO
+
+    seed_everything(0)
+    model = ZOO[name].builder()()
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, *model.inputs[0].shape[1:])).astype(np.float32))
+    want = model(x, training=False)
+    called = _called_whole(monkeypatch)
+    assert torch.equal(torch_loop._forward(model, x, training=False), want) and called == whole
+
+
+def test_a_torch_hook_or_another_dtype_sends_a_layer_through_keras_call(monkeypatch):
+    """What the wrapper would do is done: a forward hook of yours fires, a float64 input is cast to the layer's
+    float32, and a mixed-precision layer runs under Keras's autocast scope."""
+    model = models.har()
+    x = torch.ones((4, 3))
+    want, seen = model(x), []
+    handle = model.layers[0].register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    called = _called_whole(monkeypatch)
+    assert torch.equal(torch_loop._forward(model, x, training=True), want) and seen == [(4, 1)]
+    assert called == ["har"]  # the Dense layer (named as its model)
+    handle.remove()
+    assert torch.equal(torch_loop._forward(model, x, training=True), want) and called == ["har"]  # hook gone: bare
+    assert torch_loop._bare(model.layers[0], x) and not torch_loop._bare(model.layers[0], x.double())
+    mixed = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, dtype="mixed_bfloat16")])
+    assert not torch_loop._bare(mixed.layers[0], x) and torch_loop._forward(mixed, x, True).dtype == torch.bfloat16
+
+
 def test_masks_ride_on_the_tensors_between_layers_in_order():
     """A mask made by one layer (Embedding's zeros) reaches the next (the LSTM skips the padded days) as it does
     through Keras's graph: masks travel on the tensors, as in Keras's own layer-by-layer Sequential."""
