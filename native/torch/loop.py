@@ -27,13 +27,17 @@ from keras.src.backend import get_autocast_scope
 from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, first, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, check_outputs, keras_loss, training_loss
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
+
+
+def as_tuple(a) -> tuple:
+    return tuple(a) if isinstance(a, (tuple, list)) else (a,)
 
 
 def _tensors(x, device):
@@ -146,14 +150,26 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     """`loss(y_true, y_pred)`: the spec's loss reduced as `fit` reduces it, sum / count of the per-sample losses.
 
     Keras's per-sample loss (`Loss.call`) also shapes the targets as `fit` does ((n,) against (n, 1)). When they
-    already have the outputs' rank, MSE and MAE are written in torch: the same numbers without Keras's per-call
-    dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward. Several outputs: the Keras
-    losses, combined with `loss_weights` as `compile` combines them."""
-    if cfg.outputs > 1:
-        return training_loss(cfg)
+    already have the outputs' rank, MSE, MAE and the cross-entropy from logits are written in torch: the same numbers
+    without Keras's per-call dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward.
+    Several outputs: each output's loss, times its `loss_weights`, summed as `compile` combines them (Keras's losses
+    and `OutputLosses` where one is not written here)."""
     table = TORCH_LOGIT_LOSSES if cfg.from_logits else TORCH_LOSSES
-    per_sample = table[cfg.loss] if same_rank and cfg.loss in table else keras_loss(cfg).call
+    if cfg.outputs == 1:
+        return _batch_mean(table[cfg.loss] if same_rank and cfg.loss in table else keras_loss(cfg).call)
+    if not (same_rank and all(name in table for name in cfg.losses)):
+        return training_loss(cfg)
+    means, weights = [_batch_mean(table[name]) for name in cfg.losses], cfg.loss_weights
 
+    def combined(y_true, y_pred, sample_weight=None):  # `OutputLosses`, in torch: each in float32, weighed, summed
+        values = [mean(y_t, y_p, sample_weight).to(torch.float32)
+                  for mean, y_t, y_p in zip(means, y_true, y_pred, strict=True)]
+        return sum(values if weights is None else [value * w for value, w in zip(values, weights)])
+
+    return combined
+
+
+def _batch_mean(per_sample):
     def mean(y_true, y_pred, sample_weight=None):
         values = per_sample(y_true, y_pred)
         if sample_weight is not None:  # weighted, then still divided by the count (Keras's sum_over_batch_size)
@@ -203,7 +219,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
         outputs = _forward(model, take(x, slice(0, 1)), training=False)
         regularized = bool(model.losses)
-    loss_fn = spec_loss(cfg, same_rank=first(y).ndim == first(outputs).ndim)
+    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(y), as_tuple(outputs))))
     x_val, y_val = _tensors(data.x_val, device), _tensors(data.y_val, device)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
 

@@ -140,6 +140,22 @@ def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
 
 
+@pytest.mark.parametrize("weights", [(1.0, 0.5), None])
+def test_several_outputs_losses_in_torch_are_compiles_combination_to_the_bit(weights):
+    """#15: two_horizons's MSE + 0.5 × MAE in torch against `OutputLosses` (Keras's losses as `compile` combines
+    them, itself checked against fit's loss in the zoo), with and without sample weights."""
+    from keras_side.spec import training_loss
+
+    rng = np.random.default_rng(0)
+    y_true, y_pred = ([torch.as_tensor(rng.normal(size=(129, 1)).astype(np.float32)) for _ in range(2)]
+                      for _ in range(2))
+    cfg = TrainConfig(loss=("mse", "mae"), loss_weights=weights)
+    mine = torch_loop.spec_loss(cfg, same_rank=True)
+    assert not isinstance(mine, type(training_loss(cfg)))  # the torch one
+    for sample_weight in (None, torch.as_tensor(rng.uniform(size=129).astype(np.float32))):
+        assert torch.equal(mine(y_true, y_pred, sample_weight), training_loss(cfg)(y_true, y_pred, sample_weight))
+
+
 SAVE_IN_ANOTHER_PROCESS = """
 import sys, keras, torch
 from native.torch.host import HostModel
