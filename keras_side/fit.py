@@ -46,7 +46,7 @@ class NumpyOrder(keras.utils.PyDataset):
     def __getitem__(self, k: int):
         epoch = min(k // self.steps, len(self.orders) - 1)  # a batch fetched ahead past the last epoch is not used
         rows = self.orders[epoch][self.slices[k % self.steps]]
-        batch = take(self.data.x_train, rows), take(self.data.y_train, rows)  # several arrays: a tuple, as tf.data wants
+        batch = take(self.data.x_train, rows), take(self.data.y_train, rows)  # several arrays: a tuple (tf.data)
         return batch if self.data.w_train is None else (*batch, self.data.w_train[rows])
 
 
