@@ -61,3 +61,32 @@ def test_numpy_batch_order_is_reproducible_without_reseeding(har):
         runs.append(fit.train(model, har, cfg).weights)
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_batch_order_is_one_fit_call_an_epoch_on_each_permutation(har):
+    """#15: `fit` takes the NumPy order as one stream (`fit.NumpyOrder`, one call, one trace); it is the plain way,
+    one `fit` call per epoch on that epoch's permutation with `shuffle=False`, to the bit (weights and losses)."""
+    from keras_side.config import loss_units, numpy_orders
+    from keras_side.spec import keras_loss, keras_optimizer
+
+    cfg = TrainConfig(epochs=3, batch_order="numpy")
+    seed_everything(0)
+    init = models.har().get_weights()
+    streamed = fit.train(_at(init), har, cfg)
+    model, losses = _at(init), []
+    model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg))
+    for epoch, order in enumerate(numpy_orders(cfg.seed, har.n_train, cfg.epochs)):
+        losses += model.fit(har.x_train[order], har.y_train[order], batch_size=cfg.batch_size, shuffle=False,
+                            epochs=epoch + 1, initial_epoch=epoch, verbose=0).history["loss"]
+    assert all(np.array_equal(a, b) for a, b in zip(streamed.weights, model.get_weights(), strict=True))
+    to_original = loss_units(cfg, har)[0]  # a Result's losses are in the data's own units
+    assert streamed.train_loss == [loss * to_original for loss in losses]
+    batches = fit.NumpyOrder(har, cfg)
+    orders = numpy_orders(cfg.seed, har.n_train, cfg.epochs)
+    np.testing.assert_array_equal(batches[batches.steps + 1][0], har.x_train[orders[1][128:256]])  # epoch 1, batch 1
+
+
+def _at(weights):
+    model = models.har()
+    model.set_weights(weights)
+    return model
