@@ -46,11 +46,13 @@ def test_every_model_on_every_engine_ends_where_fit_ends(every_model):
 
 def test_every_optimizer_setting_on_a_regularized_model(tmp_path):
     """Each optimizer, schedule and clip of the zoo, on the MLP whose penalties ride in the objective (each engine's
-    Keras-exact optimizers are also stepped against Keras's, on a kernel and a bias, in tests/native/test_optim.py)."""
+    Keras-exact optimizers are also stepped against Keras's, on a kernel and a bias, in tests/native/test_optim.py);
+    plain Adam, on this MLP too, is the test above's."""
+    optimizers = [name for name in OPTIMIZERS if name != "adam"]
     report = zoo.run(synthetic.simulate(0), models=["mlp_l2"], engines=installed_engines(),
-                     optimizers=list(OPTIMIZERS), folder=tmp_path, epochs=1, rows=300)
+                     optimizers=optimizers, folder=tmp_path, epochs=1, rows=300)
     judged = [c for c in report["cells"] if c["judged"]]
-    assert len(judged) == len(OPTIMIZERS) * 2 * len(installed_engines())
+    assert len(judged) == len(optimizers) * 2 * len(installed_engines())
     assert zoo.passed(report), [c for c in judged if not c["passed"]]
 
 
