@@ -24,6 +24,8 @@ import keras
 import numpy as np
 import torch
 from keras.src.backend import get_autocast_scope
+from keras.src.models import functional
+from keras.src.models.functional import Functional
 from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
@@ -48,17 +50,47 @@ def _tensors(x, device):
 
 
 def _forward(model, x, training: bool):
-    """The model's outputs: a Sequential model's layers in order, any other model called whole (so are inputs
-    whose rank or dtype the model's graph would first adjust: the layers alone would not)."""
-    layers = in_order(model)
+    """The model's outputs: a Sequential model's layers in order, a Functional model's graph run by Keras's own
+    runner, each layer through its `call` where its `Layer.__call__` has nothing to do (`_bare`); any other model
+    called whole (so are a Sequential model's inputs whose rank or dtype its graph would first adjust)."""
     x = keras_inputs(x)
-    if layers is None or not _as_declared(model, x):
-        return model(x, training=training)
     bare = not torch.compiler.is_compiling() and _nothing_around_layers()  # compiled, the wrapper is traced away
-    for layer, takes_training in layers:
-        call = layer.call if bare and _bare(layer, x) else layer
-        x = call(x, training=training) if takes_training else call(x)
-    return x
+    layers = in_order(model)
+    if layers is not None and _as_declared(model, x):
+        for layer, takes_training in layers:
+            call = layer.call if bare and _bare(layer, x) else layer
+            x = call(x, training=training) if takes_training else call(x)
+        return x
+    if bare and _own_graph(model):
+        return _through_graph(model, x, training)
+    return model(x, training=training)
+
+
+def _own_graph(model) -> bool:
+    """A Functional model (`keras.Model(inputs, outputs)`, Keras's own class) whose `Layer.__call__` has nothing to
+    do (no hook, activity regularizer or mixed dtype policy of its own) and whose layers all get the training flag
+    from the runner (none holds layers but takes no `training`)."""
+    return (type(model) is Functional and model.activity_regularizer is None
+            and model.compute_dtype == model.variable_dtype and not _hooked(model)
+            and not any(layer._layers and not layer._call_has_training_arg for layer in model.layers))
+
+
+def _through_graph(model, x, training: bool):
+    """`Functional.call`: the inputs standardized and the graph run node by node by Keras's own runner
+    (`_run_through_graph`), with Keras's `operation_fn` (the training flag to every layer that takes it) but a
+    layer's `call` where its wrapper has nothing to do. two_horizons's eager step, 780 -> 560 µs (one run)."""
+    def operation(op):
+        keras_call = functional.operation_fn(op, training=training)
+
+        def call(*args, **kwargs):
+            if len(args) == 1 and not kwargs and _bare(op, args[0]):
+                return op.call(args[0], training=training) if op._call_has_training_arg else op.call(args[0])
+            return keras_call(*args, **kwargs)
+
+        return call
+
+    outputs = model._run_through_graph(model._standardize_inputs(x), operation_fn=operation)
+    return functional.unpack_singleton(outputs)
 
 
 def _as_declared(model, x) -> bool:
@@ -99,16 +131,20 @@ def _bare(layer, x) -> bool:
     input's on); its `call` takes only `training` and a `mask` that is None by default; and the input already has
     the dtype the layer computes in, which is the dtype of its weights (no cast, no autocast scope). Else the layer
     is called as Keras calls it."""
-    return (_bare_class(type(layer)) and layer.built and not layer._layers and layer.activity_regularizer is None
-            and getattr(layer, "_remat_mode", None) is None and getattr(layer, "quantization_mode", None) is None
-            and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
-                     or layer._backward_pre_hooks)
+    return (isinstance(x, torch.Tensor) and _bare_class(type(layer)) and layer.built and not layer._layers
+            and layer.activity_regularizer is None and getattr(layer, "_remat_mode", None) is None
+            and getattr(layer, "quantization_mode", None) is None and not _hooked(layer)
             and getattr(x, "_keras_mask", None) is None
             and x.dtype == _TORCH_DTYPES.get(layer.compute_dtype) and layer.compute_dtype == layer.variable_dtype)
 
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
+
+
+def _hooked(module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
 
 
 @functools.cache

@@ -276,6 +276,27 @@ def test_a_layer_is_called_through_its_call_when_its_wrapper_has_nothing_to_do(m
     assert torch.equal(torch_loop._forward(model, x, training=False), want) and called == whole
 
 
+@pytest.mark.parametrize("name, whole", [("two_horizons", []), ("panel", ["asset_level", "concat"]),
+                                         ("mlp_functional", [])])
+@pytest.mark.parametrize("training", [True, False])
+def test_a_functional_models_graph_run_by_keras_runner_is_the_model(monkeypatch, name, whole, training):
+    """#15: a Functional model's graph through Keras's own runner (`_run_through_graph`), each layer through its
+    `call` where its wrapper has nothing to do: the panel's Embedding (integer input, its own mask) and Concatenate
+    (a list) go through Keras's `__call__`. The same outputs to the bit."""
+    seed_everything(0)
+    model = getattr(models, name)()
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(16, 3)).astype(np.float32))
+    if name == "panel":
+        x = (x, torch.as_tensor(rng.integers(0, models.N_ASSETS, size=(16, 1)), dtype=torch.int32))
+    want = model(list(x) if isinstance(x, tuple) else x, training=training)
+    called = _called_whole(monkeypatch)
+    got = torch_loop._forward(model, x, training=training)
+    assert called == whole and torch_loop._own_graph(model)
+    for a, b in zip(*(w if isinstance(w, list) else [w] for w in (want, got)), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_torch_hook_or_another_dtype_sends_a_layer_through_keras_call(monkeypatch):
     """What the wrapper would do is done: a forward hook of yours fires, a float64 input is cast to the layer's
     float32, and a mixed-precision layer runs under Keras's autocast scope."""
