@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from keras_side.config import HarData, batch_slices, first, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
-from native.torch.loop import _tensors, spec_loss
+from native.torch.loop import _tensors, as_tuple, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -106,7 +106,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
     x, y = data.x_train, data.y_train
-    loss_fn = spec_loss(cfg, same_rank=first(y).ndim == 2)
+    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(y)))  # every target (n, 1), as the outputs
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
         for rows in batch_slices(data.n_train, cfg.batch_size):
             mine = order[rows][shard(slice(0, rows.stop - rows.start), rank, world)]

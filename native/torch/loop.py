@@ -124,15 +124,16 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
 def _bare(layer, x) -> bool:
     """Calling `layer.call(x)` is calling `layer(x)`: everything `Layer.__call__` does around `call` has nothing to
     do. That wrapper (with torch's `nn.Module.__call__` and Keras's traceback filter inside it) costs a built
-    `Dense` 70-80 µs on torch, where its `call` costs 45 (the HAR's eager step: ~310 -> ~240 µs). It has nothing to
+    `Dense` 70-80 µs on torch, where its `call` costs 45 (the HAR's eager step: ~330 -> ~200 µs). It has nothing to
     do for one of Keras's own layers (whose `call` adds no loss) when: the layer is built and holds no layers (none
-    reads `training` from a call context); it has no activity regularizer, no rematerialization or quantized call,
+    reads `training` from a call context); it has no activity regularizer and holds no loss (which the wrapper would
+    clear: one left from an earlier call or an `add_loss` outside it), no rematerialization or quantized call,
     no torch hook; its input carries no mask and it makes none (the `compute_mask` of `Layer`, which passes the
     input's on); its `call` takes only `training` and a `mask` that is None by default; and the input already has
     the dtype the layer computes in, which is the dtype of its weights (no cast, no autocast scope). Else the layer
     is called as Keras calls it."""
     return (isinstance(x, torch.Tensor) and _bare_class(type(layer)) and layer.built and not layer._layers
-            and layer.activity_regularizer is None and getattr(layer, "_remat_mode", None) is None
+            and layer.activity_regularizer is None and not layer._losses and getattr(layer, "_remat_mode", None) is None
             and getattr(layer, "quantization_mode", None) is None and not _hooked(layer)
             and getattr(x, "_keras_mask", None) is None
             and x.dtype == _TORCH_DTYPES.get(layer.compute_dtype) and layer.compute_dtype == layer.variable_dtype)
@@ -190,12 +191,12 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     without Keras's per-call dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward.
     Several outputs: each output's loss, times its `loss_weights`, summed as `compile` combines them (Keras's losses
     and `OutputLosses` where one is not written here)."""
-    table = TORCH_LOGIT_LOSSES if cfg.from_logits else TORCH_LOSSES
+    table, losses = TORCH_LOGIT_LOSSES if cfg.from_logits else TORCH_LOSSES, keras_loss(cfg)
     if cfg.outputs == 1:
-        return _batch_mean(table[cfg.loss] if same_rank and cfg.loss in table else keras_loss(cfg).call)
+        return _batch_mean(table[cfg.loss] if same_rank and cfg.loss in table else losses.call, losses)
     if not (same_rank and all(name in table for name in cfg.losses)):
         return training_loss(cfg)
-    means, weights = [_batch_mean(table[name]) for name in cfg.losses], cfg.loss_weights
+    means, weights = [_batch_mean(table[name], loss) for name, loss in zip(cfg.losses, losses)], cfg.loss_weights
 
     def combined(y_true, y_pred, sample_weight=None):  # `OutputLosses`, in torch: each in float32, weighed, summed
         values = [mean(y_t, y_p, sample_weight).to(torch.float32)
@@ -205,8 +206,15 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
     return combined
 
 
-def _batch_mean(per_sample):
+def _batch_mean(per_sample, loss):
+    """The batch's mean of `per_sample` as Keras's `Loss.__call__` takes it: half-precision predictions in float32
+    first (a mixed-precision model's loss is float32), and a prediction that carries a mask (a sequence's padded
+    steps) to the Keras `loss` itself, which weighs the masked steps out."""
     def mean(y_true, y_pred, sample_weight=None):
+        if getattr(y_pred, "_keras_mask", None) is not None:
+            return loss(y_true, y_pred, sample_weight)
+        if y_pred.dtype in (torch.float16, torch.bfloat16):
+            y_pred = y_pred.float()
         values = per_sample(y_true, y_pred)
         if sample_weight is not None:  # weighted, then still divided by the count (Keras's sum_over_batch_size)
             values = values * sample_weight.reshape(values.shape)

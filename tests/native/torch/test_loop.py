@@ -99,13 +99,14 @@ def test_host_train_and_eval_reach_the_keras_model():
 
 def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_from(har):
     """Why the zoo seeds its Dropout: unseeded, Keras on torch takes `torch.nn.functional.dropout` on torch's
-    global generator, and `fit`'s DataLoader draws from it too (two int64 draws an epoch, measured). Make the same
-    two draws before the native loop's epoch and its masks, hence its weights, are `fit`'s to the bit."""
+    global generator, and `fit`'s DataLoaders draw from it too (in the NumPy order, one `fit` call: two int64 draws
+    before its first epoch, none between epochs without validation, measured). Make the same two draws before the
+    native loop's first epoch and its masks, hence its weights, are `fit`'s to the bit, epoch after epoch."""
     import keras
 
     from keras_side import fit
 
-    cfg = TrainConfig(epochs=1, batch_order="numpy", validate=False)
+    cfg = TrainConfig(epochs=2, batch_order="numpy", validate=False)
 
     def trained(train, draws=0):
         keras.backend.clear_session()
@@ -118,7 +119,7 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
 
     want = trained(fit.train)
     gap = np.max(np.abs(trained(torch_loop.train) - want))
-    print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epoch")
+    print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epochs")
     assert gap > 1e-3
     np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
 
@@ -138,6 +139,11 @@ def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
     want = keras_loss(cfg)(y_true, y_pred)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
     assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
+    half = y_pred.to(torch.bfloat16)  # a mixed-precision model's outputs: Keras's loss casts them to float32 first
+    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, half), keras_loss(cfg)(y_true, half))
+    masked = y_pred.clone()
+    masked._keras_mask = torch.as_tensor(rng.uniform(size=257) > 0.3)  # a mask on the outputs: Keras weighs it out
+    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, masked), keras_loss(cfg)(y_true, masked))
 
 
 @pytest.mark.parametrize("weights", [(1.0, 0.5), None])
