@@ -337,3 +337,15 @@ def test_an_interrupt_while_workers_start_is_delivered_after_they_are_recorded()
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert reached == ["the rest of the block"] and signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_the_workers_off_the_critical_path_run_at_a_lower_priority(tmp_path, monkeypatch):
+    """#15: TensorFlow's worker is a run's critical path (`runner.CRITICAL`): the others are niced, so it keeps a core
+    while they share the other; without TensorFlow every worker keeps the referee's priority."""
+    monkeypatch.setattr(runner, "WORKER", ("-c", "import sys; sys.stdin.readline()"))  # waits for its exit request
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    behind = min(base + runner.BEHIND_NICE, 19)
+    for engines, want in ((["torch", "jax", "tensorflow"], {"torch": behind, "jax": behind, "tensorflow": base}),
+                          (["torch", "jax"], {"torch": base, "jax": base})):
+        with runner.Pool(engines, tmp_path / "-".join(engines)) as pool:
+            assert {e: os.getpriority(os.PRIO_PROCESS, w.proc.pid) for e, w in pool.workers.items()} == want
