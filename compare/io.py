@@ -109,3 +109,10 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
+
+
+def named(prefix: str, arrays) -> dict:
+    """Arrays as `np.savez` keywords in order: `prefix_0`, `prefix_1`, ... (a worker's weights, outputs, gradients)."""
+    import numpy as np
+
+    return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}

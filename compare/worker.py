@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from compare import paths, zoo
+from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
 from keras_side import fit, models
@@ -59,7 +60,7 @@ def initial(request: dict, send) -> dict:
     shares (for the HAR the referee draws it with NumPy instead)."""
     data = HarData.load(request["data"])
     seed_everything(request["seed"])
-    np.savez(request["init"], **_named("w", _model(request, data).get_weights()))
+    np.savez(request["init"], **named("w", _model(request, data).get_weights()))
     return {}
 
 
@@ -86,7 +87,7 @@ def train_paths(request: dict, send) -> dict:
         model.set_weights(init)
         same_cfg = cfg.replace(batch_order="numpy", validate=False, epochs=request["same_epochs"], patience=None)
         same = path.train(model, data, same_cfg, progress=progress("same"))
-        np.savez(out / f"{path.name}.extra.npz", **_named("again", again.weights), **_named("same", same.weights))
+        np.savez(out / f"{path.name}.extra.npz", **named("again", again.weights), **named("same", same.weights))
     if request.get("many"):  # the model once per seed too (compare's seed_noise), in the same request
         seeds(request | request["many"], send)
     return {"paths": [p.name for p in paths.for_engine(ENGINE)]}
@@ -99,12 +100,12 @@ def gradients(request: dict, send) -> dict:
     loop = paths.loop(ENGINE)
     model = models.har()
     model.set_weights(weights)
-    grads = _named("f32", loop.grad_at(model, x, y))
+    grads = named("f32", loop.grad_at(model, x, y))
     if request.get("float64"):
         with float64():
             model = models.har()
             model.set_weights([w.astype(np.float64) for w in weights])
-            grads |= _named("f64", loop.grad_at(model, x.astype(np.float64), y.astype(np.float64)))
+            grads |= named("f64", loop.grad_at(model, x.astype(np.float64), y.astype(np.float64)))
     np.savez(Path(request["out"]) / "gradients.npz", **grads)
     return {}
 
@@ -150,10 +151,10 @@ def parity(request: dict, send) -> dict:
                 v.assign(z[f"frozen{i}"].astype(v.dtype))
         if "forward" in request:
             outputs = models.layer_outputs(model, x, training=request["training"])
-            np.savez(request["forward"], names=np.array(list(outputs)), **_named("o", outputs.values()))
+            np.savez(request["forward"], names=np.array(list(outputs)), **named("o", outputs.values()))
             return {}
         grads = paths.loop(ENGINE).grad_at(model, x, y, loss=loss, training=request["training"])
-    np.savez(request["grads"], **_named("g", grads))
+    np.savez(request["grads"], **named("g", grads))
     return {}
 
 
@@ -267,7 +268,7 @@ def seeds(request: dict, send) -> dict:
         units = loss_units(cfg, data)[0]
         np.savez(out / f"{name}.npz", val_loss=trained["val_loss"] * units,
                  test_loss=np.array([_spec_test_loss(cfg, data, p) for p in pred]),
-                 **_named("w", trained["trainable"]))
+                 **named("w", trained["trainable"]))
         found |= {"seconds": trained["seconds"], "compile_seconds": trained["compile_seconds"]}
     if request.get("fit"):  # the engine's default run: fit, at the run's seed
         send(event="progress", engine=ENGINE, path=f"keras-{ENGINE}", stage="train", epoch=0, epochs=1)
@@ -276,7 +277,7 @@ def seeds(request: dict, send) -> dict:
         result = fit.train(model, data, cfg)
         np.savez(out / f"{name}-fit.npz", val_loss=np.array([result.val_loss[-1]]),
                  test_loss=np.array([_spec_test_loss(cfg, data, result.test_pred)]),
-                 **_named("w", [w[None] for w in result.weights[: len(model.trainable_weights)]]))
+                 **named("w", [w[None] for w in result.weights[: len(model.trainable_weights)]]))
         found["fit_seconds"] = result.train_seconds
     return found
 
@@ -291,10 +292,6 @@ def _spec_test_loss(cfg: TrainConfig, data: HarData, pred) -> float:
 
 def _loss(spec: str):
     return resolve(spec) if ":" in spec else keras.losses.get(spec)
-
-
-def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
-    return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
 
 
 HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from compare import paths
+from compare.io import named
 from compare.parity.common import OWN
 from keras_side import fit, models
 from keras_side.config import HarData, Scaling, batch_slices, first, keras_inputs, numpy_orders, take
@@ -65,7 +66,7 @@ def trajectory(request: dict, send) -> dict:
     if "draw" in request:  # this engine's seeded initializers give every path on every engine its start
         model = _fresh(build, x, cfg.seed)
         np.savez(request["draw"], names=np.array([v.path for v in model.variables]),
-                 trainable=np.array([v.trainable for v in model.variables]), **_named("w", state(model)))
+                 trainable=np.array([v.trainable for v in model.variables]), **named("w", state(model)))
         return {}
     with np.load(request["init"]) as z:
         names, init = [str(n) for n in z["names"]], [z[f"w_{i}"] for i in range(len(z["names"]))]
@@ -273,11 +274,6 @@ def probe(request: dict, send) -> dict:
     value = float(keras.ops.convert_to_numpy(value + sum(model.losses) if model.losses else value))
     set_state(model, values)
     grads = paths.loop(keras.config.backend()).grad_at(model, xb, yb, loss=loss_fn, training=True)
-    np.savez(request["out"], names=np.array(list(outputs)), loss=value, **_named("o", outputs.values()),
-             **_named("g", grads))
+    np.savez(request["out"], names=np.array(list(outputs)), loss=value, **named("o", outputs.values()),
+             **named("g", grads))
     return {}
-
-
-def _named(prefix: str, arrays) -> dict[str, np.ndarray]:
-    return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}
-
