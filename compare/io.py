@@ -1,4 +1,4 @@
-"""Atomic writes: a reader (or a crash) never sees a half-written file or report folder."""
+"""Atomic writes (a reader, or a crash, never sees a half-written file or report folder), and npz keywords."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 from compare.errors import NativeLoopsError
 
@@ -113,6 +115,4 @@ def _remove_empty(folders: list[Path]) -> None:
 
 def named(prefix: str, arrays) -> dict:
     """Arrays as `np.savez` keywords in order: `prefix_0`, `prefix_1`, ... (a worker's weights, outputs, gradients)."""
-    import numpy as np
-
     return {f"{prefix}_{i}": np.asarray(a) for i, a in enumerate(arrays)}

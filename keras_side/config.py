@@ -117,6 +117,11 @@ def first(a):
     return a[0] if isinstance(a, (tuple, list)) else a
 
 
+def as_tuple(a) -> tuple:
+    """A tuple (or list) of arrays as a tuple, one array as a tuple of one."""
+    return tuple(a) if isinstance(a, (tuple, list)) else (a,)
+
+
 def keras_inputs(x):
     """Several inputs (or targets) travel here as a tuple of arrays; a Keras model takes them as a list."""
     return list(x) if isinstance(x, tuple) else x

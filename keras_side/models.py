@@ -112,7 +112,8 @@ def bn_mlp(use_bias: bool = False) -> keras.Model:
 def dropout_mlp(seed: int | None = 7) -> keras.Model:
     """A 3-16-1 MLP with Dropout(0.2). The dropout is seeded: an unseeded Dropout on torch takes Keras's fast path,
     `torch.nn.functional.dropout` on torch's global generator, which `fit`'s DataLoaders also draw from (as they
-    are made: before the first epoch, at each validation), so no loop of yours would draw `fit`'s masks; a seeded one draws from its own SeedGenerator state."""
+    are made: before the first epoch, at each validation), so no loop of yours would draw `fit`'s masks; a seeded
+    one draws from its own SeedGenerator state."""
     return keras.Sequential([
         keras.Input((HAR_INPUTS,)),
         layers.Dense(16, activation="relu", name="hidden"),

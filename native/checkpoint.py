@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.config import interrupts_held, versions
+from keras_side.config import as_tuple, interrupts_held, versions
 from keras_side.spec import SpecError, TrainConfig
 
 FORMAT = 1
@@ -67,7 +67,7 @@ def _identity(model, data, cfg: TrainConfig, engine: str, path: str) -> dict:
 def _arrays(a) -> list:
     if a is None:
         return []
-    return [np.ascontiguousarray(p) for p in (a if isinstance(a, tuple) else (a,))]
+    return [np.ascontiguousarray(p) for p in as_tuple(a)]
 
 
 def completed(root: Path) -> list[tuple[int, Path]]:

@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
-from native.torch.loop import _tensors, as_tuple, spec_loss
+from native.torch.loop import _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).

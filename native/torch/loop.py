@@ -30,17 +30,13 @@ from keras.src.models.functional import Functional
 from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import TrainConfig, check_outputs, keras_loss, training_loss
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
-
-
-def as_tuple(a) -> tuple:
-    return tuple(a) if isinstance(a, (tuple, list)) else (a,)
 
 
 def _tensors(x, device):

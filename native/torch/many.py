@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from keras_side.config import HarData, batch_slices, keras_inputs, take
+from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, take
 from keras_side.spec import SpecError, TrainConfig, check_outputs
 from native.torch import loop, optim
 
@@ -127,7 +127,7 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
     x, y = loop._tensors(data.x_train, None), loop._tensors(data.y_train, None)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train)
-    loss_fn = loop.spec_loss(cfg, same_rank=all(t.ndim == 2 for t in loop.as_tuple(data.y_train)))  # (n, 1) each
+    loss_fn = loop.spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))  # (n, 1) each
     losses = _losses(model, loss_fn, training=True)
     begin = time.perf_counter()
     for epoch in range(cfg.epochs):
