@@ -267,11 +267,12 @@ def _called_whole(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("name, whole", [("har", []), ("bn_mlp", []), ("dropout_mlp", []), ("classifier", []),
-                                         ("mlp_l2", ["hidden"]), ("lstm", ["lstm"]), ("conv1d", ["pool"])])
+                                         ("mlp_l2", ["hidden"]), ("lstm", []), ("conv1d", ["pool"])])
 def test_a_layer_is_called_through_its_call_when_its_wrapper_has_nothing_to_do(monkeypatch, name, whole):
     """#15: `Layer.__call__` costs a Dense more than its `call` on torch; the loop calls `call` unless the wrapper
-    has work: mlp_l2's hidden layer has an activity regularizer, the LSTM holds its cell, the pooling makes its own
-    mask (`compute_mask`). The outputs are the model's to the bit (and in every state: the test above)."""
+    has work: mlp_l2's hidden layer has an activity regularizer, the pooling makes its own mask (`compute_mask`).
+    The LSTM runs as torch's own LSTM op (the next tests). The outputs are the model's to the bit (and in every
+    state: the test above)."""
     from keras_side.zoo import ZOO
 
     seed_everything(0)
@@ -301,6 +302,86 @@ def test_a_functional_models_graph_run_by_keras_runner_is_the_model(monkeypatch,
     assert called == whole and torch_loop._own_graph(model)
     for a, b in zip(*(w if isinstance(w, list) else [w] for w in (want, got)), strict=True):
         assert torch.equal(a, b)
+
+
+def _lstms() -> dict:
+    L = keras.layers
+    return {"zoo": lambda: models.lstm(),
+            "stacked": lambda: keras.Sequential([keras.Input((10, 4)), L.LSTM(5, return_sequences=True), L.LSTM(3),
+                                                 L.Dense(2)]),
+            "no_bias": lambda: keras.Sequential([keras.Input((10, 4)), L.LSTM(5, use_bias=False), L.Dense(2)]),
+            "float64": lambda: keras.Sequential([keras.Input((10, 4), dtype="float64"), L.LSTM(5, dtype="float64"),
+                                                 L.Dense(2, dtype="float64")]),
+            "functional": lambda: _functional_lstm()}
+
+
+def _functional_lstm():
+    inputs = keras.Input((10, 4))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LSTM(3)(inputs)))
+
+
+def _outputs_and_gradients(model, forward):
+    model.zero_grad(set_to_none=True)
+    out = forward()
+    torch.mean(out ** 2).backward()  # outside the LSTM's call: the backward runs as the loop's does
+    return [out.detach()] + [p.grad for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("name", list(_lstms()))
+def test_an_lstm_runs_as_torchs_own_lstm_op_to_the_bit(monkeypatch, name):
+    """#15: Keras's torch LSTM on CPU is a Python loop over the time steps (the zoo's eager step was 1.4× its
+    `fit`); the loop runs it as `torch.lstm` on the layer's own weights, with oneDNN off so that torch's cell is
+    ATen's, op for op Keras's: the same outputs and the same gradients, to the bit, and oneDNN back on after."""
+    seed_everything(0)
+    model = _lstms()[name]()
+    dtype = np.float64 if name == "float64" else np.float32
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, *model.inputs[0].shape[1:])).astype(dtype))
+    lstm = next(layer for layer in model.layers if isinstance(layer, keras.layers.LSTM))
+    assert torch_loop._plain_lstm(lstm, x)
+    want = _outputs_and_gradients(model, lambda: model(x, training=True))
+    called = _called_whole(monkeypatch)
+    got = _outputs_and_gradients(model, lambda: torch_loop._forward(model, x, training=True))
+    assert not any("lstm" in layer for layer in called) and torch.backends.mkldnn.enabled
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("change", [dict(dropout=0.3), dict(recurrent_dropout=0.3), dict(go_backwards=True),
+                                    dict(use_cudnn=False), dict(activation="relu"), dict(return_state=True),
+                                    dict(stateful=True), "hook"])
+def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
+    """Dropout, going backwards, Keras's cell-by-cell loop, another activation, states returned, a stateful layer
+    or a hook of yours: each makes Keras's LSTM compute something torch's op does not, so Keras calls it."""
+    seed_everything(0)
+    lstm = keras.layers.LSTM(3, **(change if isinstance(change, dict) else {}))
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(4, 10, 2)).astype(np.float32))
+    plain = keras.layers.LSTM(3)
+    lstm(x), plain(x)
+    if change == "hook":
+        lstm.register_forward_hook(lambda *args: None)
+    assert torch_loop._plain_lstm(plain, x) and not torch_loop._plain_lstm(lstm, x)
+    assert not torch_loop._direct(lstm, x)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_functional_models_layers_with_recorded_flags_take_their_call(monkeypatch, training):
+    """Keras records `training` (and an LSTM's `mask=None`) on a Functional node when the layer takes them; the
+    runner's flag overrides the recorded one, as Keras's `operation_fn` does, and the layer takes its `call`:
+    the same outputs, moving statistics and seed states, to the bit."""
+    seed_everything(0)
+    inputs = keras.Input((10, 2))
+    h = keras.layers.LSTM(4, return_sequences=True)(inputs)
+    h = keras.layers.BatchNormalization()(keras.layers.Flatten()(h))
+    h = keras.layers.Dropout(0.3, seed=1)(h, training=False)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, 10, 2)).astype(np.float32))
+    before = _state(model)
+    want, want_state = model(x, training=training), _state(model)
+    for v, value in zip(model.variables, before):
+        v.assign(value)
+    called = _called_whole(monkeypatch)
+    got = torch_loop._forward(model, x, training=training)
+    assert called == [] and torch.equal(got, want)
+    assert all(np.array_equal(a, b) for a, b in zip(want_state, _state(model)))
 
 
 def test_a_torch_hook_or_another_dtype_sends_a_layer_through_keras_call(monkeypatch):
