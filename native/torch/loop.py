@@ -12,7 +12,8 @@ forward and the loss, through `torch.compile` (one graph, no Keras Python per st
 AOTAutograd), and the Keras-exact update too (one kernel), then skips dynamo's guards once every batch shape is
 compiled (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
 (the HAR: 167 against 195 µs in one bench run; the eager loop calls each layer's `call` where Keras's wrapper has
-nothing to do, `_bare`, which is what the compiled graph leaves out anyway).
+nothing to do, `_bare`, which is what the compiled graph leaves out anyway, and a plain LSTM as torch's own LSTM
+op, `_lstm`).
 """
 from __future__ import annotations
 
@@ -175,8 +176,9 @@ def _lstm(layer, x, training: bool):
     own weights: the kernels transposed (views, so the gradients reach the Keras variables) and the one Keras bias
     as torch's input bias, its recurrent bias zero. With oneDNN off for the call, torch's CPU LSTM is ATen's cell,
     op for op what Keras's loop does (the same matmuls, the gates in the same order), so the outputs and gradients
-    are Keras's to the bit (tested), in C++ rather than Keras's Python: the zoo's LSTM step, 4.0 -> 2.5 ms. oneDNN's
-    fused LSTM is faster still (0.75 ms) but rounds differently (4e-8 on the zoo LSTM's first forward)."""
+    are Keras's to the bit (tested), in C++ rather than Keras's Python. The zoo LSTM's forward and backward, 2.4 ->
+    1.7 ms (its eager step in the bench, 3.0 -> 2.1 ms, 2.0× `fit`); oneDNN's fused LSTM takes 0.5 ms but rounds
+    differently (4e-8 on the first forward), so it is left off."""
     cell = layer.cell
     zeros = torch.zeros((1, x.shape[0], cell.units), dtype=x.dtype, device=x.device)
     weights = (cell.kernel.value.t(), cell.recurrent_kernel.value.t())
