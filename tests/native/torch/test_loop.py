@@ -347,10 +347,10 @@ def test_an_lstm_runs_as_torchs_own_lstm_op_to_the_bit(monkeypatch, name):
 
 @pytest.mark.parametrize("change", [dict(dropout=0.3), dict(recurrent_dropout=0.3), dict(go_backwards=True),
                                     dict(use_cudnn=False), dict(activation="relu"), dict(return_state=True),
-                                    dict(stateful=True), "hook"])
+                                    dict(stateful=True), "hook", "mask"])
 def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
-    """Dropout, going backwards, Keras's cell-by-cell loop, another activation, states returned, a stateful layer
-    or a hook of yours: each makes Keras's LSTM compute something torch's op does not, so Keras calls it."""
+    """Dropout, going backwards, Keras's cell-by-cell loop, another activation, states returned, a stateful layer,
+    a hook of yours or a mask: each makes Keras's LSTM compute something torch's op does not, so Keras calls it."""
     seed_everything(0)
     lstm = keras.layers.LSTM(3, **(change if isinstance(change, dict) else {}))
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(4, 10, 2)).astype(np.float32))
@@ -358,8 +358,11 @@ def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
     lstm(x), plain(x)
     if change == "hook":
         lstm.register_forward_hook(lambda *args: None)
-    assert torch_loop._plain_lstm(plain, x) and not torch_loop._plain_lstm(lstm, x)
-    assert not torch_loop._direct(lstm, x)
+    assert torch_loop._plain_lstm(plain, x)
+    if change == "mask":
+        x = x.clone()
+        x._keras_mask = torch.ones((4, 10), dtype=torch.bool)  # as a masking layer before it leaves it
+    assert not torch_loop._plain_lstm(lstm, x) and not torch_loop._direct(lstm, x)
 
 
 @pytest.mark.parametrize("training", [True, False])
