@@ -326,11 +326,11 @@ def zoo(args: argparse.Namespace) -> int:
         har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
                               validation=args.validation)
     out = Path(args.out) if args.out else default_out()
-    cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e)) for e in engines)
+    cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e, args.fast_paths)) for e in engines)
     with atomic_folder(out) as tmp, report.cell_progress(cells) as on_cell:
         found = zoo_matrix.run(panel, models=models, engines=engines, optimizers=optimizers, folder=tmp,
                                epochs=cfg.epochs, rows=args.rows, seed=cfg.seed, asset=args.asset, split=args.split,
-                               end=args.end, validation=args.validation, on_cell=on_cell)
+                               end=args.end, validation=args.validation, fast=args.fast_paths, on_cell=on_cell)
         report.print_zoo(found)
         write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers})
         figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])

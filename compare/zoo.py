@@ -9,12 +9,15 @@ NumPy batch order. Paths, the three levels of unpacking: "train-step" (`fit` run
 `native/<engine>/train_step.py`), "native" (the engine's loop with the Keras-exact optimizer), both judged against
 `ZOO_ATOL`, with the loss and metrics they report per epoch within `HISTORY_ATOL` of `fit`'s History; and
 "native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it differs by
-convention; TensorFlow has no optimizers but Keras's).
+convention; TensorFlow has no optimizers but Keras's). With `fast=True` (the CLI's default), each engine's fast
+path too, judged as "native" is: "native-compile" (torch's loop under `torch.compile`) and "native-scan" (JAX's
+fused `lax.scan` driver).
 `train_cells` runs inside an engine's worker; the rest runs in the referee.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -28,13 +31,18 @@ from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
 
 MODELS = tuple(ZOO)
-PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine"}  # path -> optimizer flavour
+PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine", "native-compile": "exact",
+         "native-scan": "exact"}  # path -> optimizer flavour
+FAST_PATHS = {"torch": "native-compile", "jax": "native-scan"}  # each engine's fast path: what `train` takes for it
+FAST_OPTIONS = {"native-compile": {"compile": True}, "native-scan": {"driver": "scan"}}
 ZOO_EPOCHS = 3
 
 
-def paths_on(engine: str) -> list[str]:
-    """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's)."""
-    return [p for p in PATHS if not (engine == "tensorflow" and PATHS[p] == "engine")]
+def paths_on(engine: str, fast: bool = False) -> list[str]:
+    """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's) and no
+    fast path; with `fast`, the engine's fast path too."""
+    own = [p for p in ("train-step", "native", "native-engine") if not (engine == "tensorflow" and PATHS[p] == "engine")]
+    return own + ([FAST_PATHS[engine]] if fast and engine in FAST_PATHS else [])
 
 
 def _first_rows(data: HarData, rows: int | None) -> HarData:
@@ -49,8 +57,9 @@ def _first_rows(data: HarData, rows: int | None) -> HarData:
 def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,
         epochs: int = ZOO_EPOCHS, rows: int | None = None, seed: int = 0, asset: str = har_data.DEFAULT_ASSET,
         split: str = har_data.DEFAULT_SPLIT, end: str | None = None, validation: str = har_data.DEFAULT_VALIDATION,
-        on_cell=lambda cell: None) -> dict:
-    """Every cell on every engine; `rows` trains on the first rows only (the fast subset). Returns zoo.json."""
+        fast: bool = False, on_cell=lambda cell: None) -> dict:
+    """Every cell on every engine; `rows` trains on the first rows only (the fast subset); `fast` adds each
+    engine's fast path (`FAST_PATHS`). Returns zoo.json."""
     kinds = sorted({ZOO[m].data for m in models})
     files = {}
     for kind in kinds:
@@ -65,7 +74,8 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
             cells.append(cell)
             on_cell(cell)
 
-    request = {"models": models, "optimizers": optimizers, "data": files, "epochs": epochs, "seed": seed}
+    request = {"models": models, "optimizers": optimizers, "data": files, "epochs": epochs, "seed": seed,
+               "fast": fast}
     start = time.perf_counter()
     with runner.Pool(engines, folder, jobs=1) as pool:
         pool.each("zoo", lambda e: request, on_event)
@@ -97,7 +107,8 @@ def train_cells(request: dict, send) -> dict:
     native = paths.loop(engine).train
     trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": native,
                 "native-engine": native}
-    own = paths_on(engine)
+    trainers |= {path: functools.partial(native, **options) for path, options in FAST_OPTIONS.items()}
+    own = paths_on(engine, request["fast"])
     for name in request["models"]:
         entry = ZOO[name]
         data = HarData.load(request["data"][entry.data])
