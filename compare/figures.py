@@ -69,7 +69,8 @@ def _save(fig, path: Path) -> None:
 
 
 def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
-    """One panel per engine: models × optimizers, colour = log10 of the native loop's largest gap to `fit`."""
+    """One panel per engine: models × optimizers, colour = log10 of the largest gap to `fit` of the judged paths
+    (train-step, the native loop, the engine's fast path); ✗ where one is over the tolerance, failed or missing."""
     judged = [c for c in cells if c["judged"]]
     engines = list(dict.fromkeys(c["engine"] for c in judged))
     models = list(dict.fromkeys(c["model"] for c in judged))
@@ -78,10 +79,7 @@ def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
                                                                1.2 + 0.45 * len(models)), squeeze=False)
     floor = np.log10(tolerance) - 4  # bit-identical cells (gap 0) show at the bottom of the scale
     for ax, engine in zip(axes[0], engines):
-        grid = np.full((len(models), len(optimizers)), np.nan)
-        for c in (c for c in judged if c["engine"] == engine):
-            grid[models.index(c["model"]), optimizers.index(c["optimizer"])] = max(np.log10(max(c["gap"], 1e-30)),
-                                                                                   floor)
+        grid = zoo_grid([c for c in judged if c["engine"] == engine], models, optimizers, floor)
         image = ax.imshow(grid, vmin=floor, vmax=np.log10(tolerance) + 2, cmap="viridis", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             if np.isnan(v) or v > np.log10(tolerance):
@@ -90,8 +88,19 @@ def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
         ax.set_yticks(range(len(models)), models, fontsize=8)
         ax.set_title(engine, fontsize=10)
     fig.colorbar(image, ax=axes[0, -1], label=f"log10 gap to fit (tolerance {tolerance:g})")
-    fig.suptitle("native loop vs fit, same weights and batches", fontsize=10)
+    fig.suptitle("every judged path vs fit, same weights and batches (the largest gap per cell)", fontsize=10)
     _save(fig, path)
+
+
+def zoo_grid(cells: list[dict], models: list[str], optimizers: list[str], floor: float) -> np.ndarray:
+    """models × optimizers: log10 of the largest gap of the cells in each (at least `floor`; inf where a cell failed
+    with an error, NaN where there is none)."""
+    grid = np.full((len(models), len(optimizers)), np.nan)
+    for c in cells:
+        at = models.index(c["model"]), optimizers.index(c["optimizer"])
+        value = max(np.log10(max(c["gap"], 1e-30)), floor) if c["gap"] == c["gap"] else np.inf  # NaN gap: an error
+        grid[at] = value if np.isnan(grid[at]) else max(grid[at], value)
+    return grid
 
 
 def seeds(path: Path, spreads: dict, features: tuple[str, ...], model: str) -> None:

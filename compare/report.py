@@ -300,10 +300,13 @@ def print_zoo(zoo: dict) -> None:
 
 
 def _gap_table(cells: list[dict], by: str, title: str) -> Table:
-    """One row per (`by`, path), one column per engine: the worst cell of each."""
+    """One row per (`by`, path), one column per engine: the worst cell of each; rows in the order keys and paths
+    first come (each engine's fast path beside the others, though its engine's cells come later)."""
     engines = list(dict.fromkeys(c["engine"] for c in cells))
+    keys, paths = (list(dict.fromkeys(c[field] for c in cells)) for field in (by, "path"))
     table = Table(by, "path", *engines, title=title, title_justify="left")
-    for key, path in dict.fromkeys((c[by], c["path"]) for c in cells):
+    rows = dict.fromkeys((c[by], c["path"]) for c in cells)
+    for key, path in sorted(rows, key=lambda row: (keys.index(row[0]), paths.index(row[1]))):
         table.add_row(key, path, *(_worst([c for c in cells if (c[by], c["path"], c["engine"]) == (key, path, e)])
                                    for e in engines))
     return table

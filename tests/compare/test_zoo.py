@@ -4,9 +4,10 @@ import contextlib
 import io
 import json
 
+import numpy as np
 import pytest
 
-from compare import cli, synthetic, zoo
+from compare import cli, figures, synthetic, zoo
 from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS, ZOO
@@ -55,6 +56,18 @@ def test_each_engines_fast_path_ends_where_fit_ends(tmp_path):
     assert len(fast) == 2 * len(set(engines) & set(zoo.FAST_PATHS)) and all(c["judged"] for c in fast)
     assert zoo.passed(report), [c for c in report["cells"] if c["judged"] and not c["passed"]]
     assert zoo.paths_on("tensorflow", fast=True) == zoo.paths_on("tensorflow")  # no fast path there
+
+
+def test_the_figure_shows_the_worst_judged_path_of_each_cell():
+    """Whatever order the paths' cells come in, a cell of the figure is its worst path; an error is ✗ (inf)."""
+    def cell(path, gap, optimizer="adam"):
+        return {"model": "har", "optimizer": optimizer, "path": path, "gap": gap}
+
+    cells = [cell("train-step", 0.0), cell("native", 1e-7), cell("native-compile", 1e-8),
+             cell("native", float("nan"), "sgd"), cell("native-compile", 1e-8, "sgd")]
+    grid = figures.zoo_grid(cells, ["har", "mlp_l2"], ["adam", "sgd"], floor=-9.0)
+    assert grid[0, 0] == pytest.approx(-7.0) and grid[0, 1] == np.inf and np.isnan(grid[1]).all()
+    assert figures.zoo_grid(cells[:1], ["har"], ["adam"], floor=-9.0)[0, 0] == -9.0  # bit-identical: the floor
 
 
 def test_every_optimizer_setting_on_a_regularized_model(tmp_path):
