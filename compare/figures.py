@@ -93,12 +93,13 @@ def zoo(path: Path, cells: list[dict], tolerance: float) -> None:
 
 
 def zoo_grid(cells: list[dict], models: list[str], optimizers: list[str], floor: float) -> np.ndarray:
-    """models × optimizers: log10 of the largest gap of the cells in each (at least `floor`; inf where a cell failed
-    with an error, NaN where there is none)."""
+    """models × optimizers: log10 of the largest gap of the cells in each (at least `floor`; inf where a cell failed,
+    by an error or by its reported history, NaN where there is none)."""
     grid = np.full((len(models), len(optimizers)), np.nan)
     for c in cells:
         at = models.index(c["model"]), optimizers.index(c["optimizer"])
-        value = max(np.log10(max(c["gap"], 1e-30)), floor) if c["gap"] == c["gap"] else np.inf  # NaN gap: an error
+        failed = c["gap"] != c["gap"] or not c.get("passed", True)  # a NaN gap is an error
+        value = np.inf if failed else max(np.log10(max(c["gap"], 1e-30)), floor)
         grid[at] = value if np.isnan(grid[at]) else max(grid[at], value)
     return grid
 

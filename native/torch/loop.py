@@ -162,11 +162,16 @@ def _idle_wrapper(layer, x) -> bool:
 def _plain_lstm(layer, x) -> bool:
     """Keras's own LSTM whose `call` on `x` is Keras's torch `lstm` on CPU (`keras.src.backend.torch.rnn`: the
     inputs projected in one matmul, then a Python loop over the time steps, sigmoid and tanh gates): a sequence in
-    the layer's dtype with no mask and no initial state, no dropout, not stateful, not backwards, no states returned,
-    cuDNN not refused (`use_cudnn=False` takes Keras's cell-by-cell loop), the default activations."""
+    the dtype of the layer and of its cell's weights, with no mask and no initial state, no dropout, not stateful,
+    not backwards, no states returned, cuDNN not refused (`use_cudnn=False` takes Keras's cell-by-cell loop), the
+    default activations, no torch autocast. And more than one row and one time step: torch projects an input whose
+    time-major view is contiguous with the bias inside the matmul (`addmm`), where Keras adds it after, which
+    rounds differently (`_lstm` makes every other input's time-major view a strided one, as Keras's is)."""
     cell = getattr(layer, "cell", None)
     return (type(layer) is keras.layers.LSTM and type(cell) is LSTMCell and _idle_wrapper(layer, x) and x.ndim == 3
-            and x.device.type == "cpu" and not (layer.stateful or layer.go_backwards or layer.return_state)
+            and x.shape[0] > 1 and x.shape[1] > 1 and x.device.type == "cpu"
+            and not torch.is_autocast_enabled(x.device.type) and x.dtype == _TORCH_DTYPES.get(cell.kernel.dtype)
+            and not (layer.stateful or layer.go_backwards or layer.return_state)
             and layer.use_cudnn is not False and cell.dropout == 0 and cell.recurrent_dropout == 0
             and cell.activation is keras.activations.tanh and cell.recurrent_activation is keras.activations.sigmoid)
 
@@ -185,7 +190,8 @@ def _lstm(layer, x, training: bool):
     if cell.use_bias:
         weights += (cell.bias.value, torch.zeros_like(cell.bias.value))
     with _without_onednn():
-        outputs, last, _ = torch.lstm(x, (zeros, zeros), weights, cell.use_bias, 1, 0.0, training, False, True)
+        outputs, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), weights, cell.use_bias, 1, 0.0, training,
+                                      False, True)
     return outputs if layer.return_sequences else last[0]
 
 

@@ -59,7 +59,7 @@ def test_each_engines_fast_path_ends_where_fit_ends(tmp_path):
 
 
 def test_the_figure_shows_the_worst_judged_path_of_each_cell():
-    """Whatever order the paths' cells come in, a cell of the figure is its worst path; an error is ✗ (inf)."""
+    """Whatever order the paths' cells come in, a cell of the figure is its worst path; a failed one is ✗ (inf)."""
     def cell(path, gap, optimizer="adam"):
         return {"model": "har", "optimizer": optimizer, "path": path, "gap": gap}
 
@@ -68,6 +68,8 @@ def test_the_figure_shows_the_worst_judged_path_of_each_cell():
     grid = figures.zoo_grid(cells, ["har", "mlp_l2"], ["adam", "sgd"], floor=-9.0)
     assert grid[0, 0] == pytest.approx(-7.0) and grid[0, 1] == np.inf and np.isnan(grid[1]).all()
     assert figures.zoo_grid(cells[:1], ["har"], ["adam"], floor=-9.0)[0, 0] == -9.0  # bit-identical: the floor
+    history_off = cell("native", 1e-9) | {"passed": False}  # its weights within the tolerance, its history not
+    assert figures.zoo_grid([history_off], ["har"], ["adam"], floor=-9.0)[0, 0] == np.inf
 
 
 def test_every_optimizer_setting_on_a_regularized_model(tmp_path):

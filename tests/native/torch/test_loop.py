@@ -309,6 +309,8 @@ def _lstms() -> dict:
     return {"zoo": lambda: models.lstm(),
             "stacked": lambda: keras.Sequential([keras.Input((10, 4)), L.LSTM(5, return_sequences=True), L.LSTM(3),
                                                  L.Dense(2)]),
+            "stacked_wide": lambda: keras.Sequential([keras.Input((10, 4)), L.LSTM(256, return_sequences=True),
+                                                      L.LSTM(3), L.Dense(2)]),  # a time-major input, 256 wide
             "no_bias": lambda: keras.Sequential([keras.Input((10, 4)), L.LSTM(5, use_bias=False), L.Dense(2)]),
             "float64": lambda: keras.Sequential([keras.Input((10, 4), dtype="float64"), L.LSTM(5, dtype="float64"),
                                                  L.Dense(2, dtype="float64")]),
@@ -334,8 +336,8 @@ def test_an_lstm_runs_as_torchs_own_lstm_op_to_the_bit(monkeypatch, name):
     ATen's, op for op Keras's: the same outputs and the same gradients, to the bit, and oneDNN back on after."""
     seed_everything(0)
     model = _lstms()[name]()
-    dtype = np.float64 if name == "float64" else np.float32
-    x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, *model.inputs[0].shape[1:])).astype(dtype))
+    dtype = torch.float64 if name == "float64" else torch.float32
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, *model.inputs[0].shape[1:]))).to(dtype)
     lstm = next(layer for layer in model.layers if isinstance(layer, keras.layers.LSTM))
     assert torch_loop._plain_lstm(lstm, x)
     want = _outputs_and_gradients(model, lambda: model(x, training=True))
@@ -343,14 +345,42 @@ def test_an_lstm_runs_as_torchs_own_lstm_op_to_the_bit(monkeypatch, name):
     got = _outputs_and_gradients(model, lambda: torch_loop._forward(model, x, training=True))
     assert not any("lstm" in layer for layer in called) and torch.backends.mkldnn.enabled
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    torch.backends.mkldnn.enabled = False  # off before the call: off after it
+    try:
+        torch_loop._forward(model, x, training=True)
+        assert not torch.backends.mkldnn.enabled
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
+def test_a_bfloat16_lstm_pair_as_torchs_op_to_the_bit():
+    """Half precision rounds every step, so any other order of the ops would show: outputs and gradients equal."""
+    seed_everything(0)
+    half = dict(dtype="bfloat16", recurrent_initializer="glorot_uniform")  # torch has no bfloat16 QR (orthogonal)
+    first, second = keras.layers.LSTM(32, return_sequences=True, **half), keras.layers.LSTM(16, **half)
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, 10, 4))).to(torch.bfloat16)
+    second(first(x))
+    assert torch_loop._plain_lstm(first, x) and torch_loop._plain_lstm(second, first(x))
+    weights = [v.value for v in first.trainable_weights + second.trainable_weights]
+
+    def outputs_and_gradients(forward):
+        out = forward()
+        return [out.detach(), *torch.autograd.grad(out.float().square().mean(), weights)]
+
+    want = outputs_and_gradients(lambda: second(first(x, training=True), training=True))
+    got = outputs_and_gradients(lambda: torch_loop._lstm(second, torch_loop._lstm(first, x, True), True))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("change", [dict(dropout=0.3), dict(recurrent_dropout=0.3), dict(go_backwards=True),
                                     dict(use_cudnn=False), dict(activation="relu"), dict(return_state=True),
-                                    dict(stateful=True), "hook", "mask"])
+                                    dict(stateful=True), "hook", "mask", "one row", "one step", "cell dtype",
+                                    "autocast"])
 def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
     """Dropout, going backwards, Keras's cell-by-cell loop, another activation, states returned, a stateful layer,
-    a hook of yours or a mask: each makes Keras's LSTM compute something torch's op does not, so Keras calls it."""
+    a hook of yours, a mask, weights in another dtype or torch's autocast: each makes Keras's LSTM compute something
+    torch's op does not, so Keras calls it; so do one row or one time step, where torch would round the input's
+    projection otherwise."""
     seed_everything(0)
     lstm = keras.layers.LSTM(3, **(change if isinstance(change, dict) else {}))
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(4, 10, 2)).astype(np.float32))
@@ -362,7 +392,14 @@ def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
     if change == "mask":
         x = x.clone()
         x._keras_mask = torch.ones((4, 10), dtype=torch.bool)  # as a masking layer before it leaves it
-    assert not torch_loop._plain_lstm(lstm, x) and not torch_loop._direct(lstm, x)
+    x = {"one row": x[:1], "one step": x[:, :1]}.get(change, x) if isinstance(change, str) else x  # bias folded
+    if change == "cell dtype":
+        lstm.dtype_policy = "float64"  # set after the build: the cell's weights stay float32
+        x = x.double()
+    with torch.autocast("cpu", enabled=change == "autocast"):
+        assert not torch_loop._plain_lstm(lstm, x) and not torch_loop._direct(lstm, x)
+    if change in ("one row", "one step"):
+        assert torch.equal(torch_loop._forward(keras.Sequential([lstm]), x, training=False), lstm(x))
 
 
 @pytest.mark.parametrize("training", [True, False])
