@@ -41,7 +41,7 @@ ZOO_EPOCHS = 3
 def paths_on(engine: str, fast: bool = False) -> list[str]:
     """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's) and no
     fast path; with `fast`, the engine's fast path too."""
-    own = [p for p in ("train-step", "native", "native-engine") if not (engine == "tensorflow" and PATHS[p] == "engine")]
+    own = [p for p in PATHS if p not in FAST_OPTIONS and not (engine == "tensorflow" and PATHS[p] == "engine")]
     return own + ([FAST_PATHS[engine]] if fast and engine in FAST_PATHS else [])
 
 

@@ -359,17 +359,12 @@ def test_a_bfloat16_lstm_pair_as_torchs_op_to_the_bit():
     half = dict(dtype="bfloat16", recurrent_initializer="glorot_uniform")  # torch has no bfloat16 QR (orthogonal)
     first, second = keras.layers.LSTM(32, return_sequences=True, **half), keras.layers.LSTM(16, **half)
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, 10, 4))).to(torch.bfloat16)
-    second(first(x))
+    pair = keras.Sequential([first, second])  # no Input: its parameters, not a graph (bfloat16 builds none)
+    pair(x)
     assert torch_loop._plain_lstm(first, x) and torch_loop._plain_lstm(second, first(x))
-    weights = [v.value for v in first.trainable_weights + second.trainable_weights]
-
-    def outputs_and_gradients(forward):
-        out = forward()
-        return [out.detach(), *torch.autograd.grad(out.float().square().mean(), weights)]
-
-    want = outputs_and_gradients(lambda: second(first(x, training=True), training=True))
-    got = outputs_and_gradients(lambda: torch_loop._lstm(second, torch_loop._lstm(first, x, True), True))
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    want = _outputs_and_gradients(pair, lambda: second(first(x, training=True), training=True))
+    got = _outputs_and_gradients(pair, lambda: torch_loop._lstm(second, torch_loop._lstm(first, x, True), True))
+    assert len(got) == 7 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # output, 6 gradients
 
 
 @pytest.mark.parametrize("change", [dict(dropout=0.3), dict(recurrent_dropout=0.3), dict(go_backwards=True),
