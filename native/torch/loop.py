@@ -144,11 +144,19 @@ def _bare(layer, x) -> bool:
     do for one of Keras's own layers (whose `call` adds no loss) when: the layer is built and holds no layers (none
     reads `training` from a call context); it has no activity regularizer and holds no loss (which the wrapper would
     clear: one left from an earlier call or an `add_loss` outside it), no rematerialization or quantized call,
-    no torch hook; its input carries no mask and it makes none (the `compute_mask` of `Layer`, which passes the
-    input's on); its `call` takes only `training` and a `mask` that is None by default; and the input already has
-    the dtype the layer computes in, which is the dtype of its weights (no cast, no autocast scope). Else the layer
-    is called as Keras calls it."""
-    return _bare_class(type(layer)) and not layer._layers and _idle_wrapper(layer, x)
+    no torch hook; its input carries no mask and it makes none (`_makes_no_mask`); its `call` takes only `training`
+    and a `mask` that is None by default; and the input already has the dtype the layer computes in, which is the
+    dtype of its weights (no cast, no autocast scope). Else the layer is called as Keras calls it."""
+    return _bare_class(type(layer)) and not layer._layers and _idle_wrapper(layer, x) and _makes_no_mask(layer, x)
+
+
+def _makes_no_mask(layer, x) -> bool:
+    """For an input without a mask, `Layer.__call__` puts a mask on the output only when the layer supports masking
+    and its `compute_mask(x, None)` returns one: `Layer`'s own passes the input's (None) on, a global pooling's
+    returns None, an `Embedding(mask_zero=True)` or a `Masking` makes one (and is called through Keras). Asked per
+    call: a mask may depend on the input's values (0.1 µs for a pooling's; its wrapper costs 50)."""
+    return (type(layer).compute_mask is keras.Layer.compute_mask or not layer.supports_masking
+            or layer.compute_mask(x, None) is None)
 
 
 def _idle_wrapper(layer, x) -> bool:
@@ -189,14 +197,14 @@ def _lstm(layer, x, training: bool):
     weights = (cell.kernel.value.t(), cell.recurrent_kernel.value.t())
     if cell.use_bias:
         weights += (cell.bias.value, torch.zeros_like(cell.bias.value))
-    with _without_onednn():
+    with without_onednn():
         outputs, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), weights, cell.use_bias, 1, 0.0, training,
                                       False, True)
     return outputs if layer.return_sequences else last[0]
 
 
 @contextlib.contextmanager
-def _without_onednn():
+def without_onednn():
     """torch's CPU LSTM takes oneDNN's fused kernel when oneDNN is on (`torch.backends.mkldnn.enabled`), ATen's
     own cell when it is off: off for the call, as it was after it."""
     was = torch.backends.mkldnn.enabled
@@ -218,11 +226,10 @@ def _hooked(module) -> bool:
 
 @functools.cache
 def _bare_class(cls) -> bool:
-    """What `_bare` asks of a layer's class, once per class: one of Keras's own layers, with `Layer`'s `__call__`
-    and `compute_mask`, whose `call` takes nothing but its input, `training` and a `mask=None`."""
+    """What `_bare` asks of a layer's class, once per class: one of Keras's own layers, with `Layer`'s `__call__`,
+    whose `call` takes nothing but its input, `training` and a `mask=None`."""
     parameters = list(inspect.signature(cls.call).parameters.values())[2:]  # after self and the input
     return (cls.__module__.startswith("keras.src.layers.") and cls.__call__ is keras.Layer.__call__
-            and cls.compute_mask is keras.Layer.compute_mask
             and all(p.name == "training" or (p.name == "mask" and p.default is None) for p in parameters))
 
 

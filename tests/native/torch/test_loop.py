@@ -209,7 +209,7 @@ def test_a_hosts_checkpoint_loads_in_another_process_and_in_this_one(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), saved.values()))
 
 
-@pytest.mark.parametrize("name", ["har", "bn_mlp", "classifier", "lstm", "panel"])
+@pytest.mark.parametrize("name", ["har", "bn_mlp", "classifier", "lstm", "conv1d", "panel"])
 def test_the_compiled_step_is_one_graph(panel, name):
     """#15: the batch loss `train(compile=True)` compiles traces in one graph, no graph break (bn_mlp had 8, the
     classifier 5), so it compiles once per batch shape; dropout_mlp is the exception (Keras's seed generator)."""
@@ -267,10 +267,11 @@ def _called_whole(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("name, whole", [("har", []), ("bn_mlp", []), ("dropout_mlp", []), ("classifier", []),
-                                         ("mlp_l2", ["hidden"]), ("lstm", []), ("conv1d", ["pool"])])
+                                         ("mlp_l2", ["hidden"]), ("lstm", []), ("conv1d", [])])
 def test_a_layer_is_called_through_its_call_when_its_wrapper_has_nothing_to_do(monkeypatch, name, whole):
     """#15: `Layer.__call__` costs a Dense more than its `call` on torch; the loop calls `call` unless the wrapper
-    has work: mlp_l2's hidden layer has an activity regularizer, the pooling makes its own mask (`compute_mask`).
+    has work: mlp_l2's hidden layer has an activity regularizer. The Conv1D's pooling has its own `compute_mask`,
+    which makes no mask from an unmasked input (the next test has one that does).
     The LSTM runs as torch's own LSTM op (the next tests). The outputs are the model's to the bit (and in every
     state: the test above)."""
     from keras_side.zoo import ZOO
@@ -447,6 +448,25 @@ def test_masks_ride_on_the_tensors_between_layers_in_order():
     unmasked = torch_loop._forward(model, torch.as_tensor([[1, 2, 3, 3, 3], [3, 3, 3, 3, 3]], dtype=torch.int32),
                                    training=True)
     assert not torch.equal(unmasked, torch_loop._forward(model, x, training=True))  # the mask did something
+
+
+def test_a_layer_that_makes_a_mask_is_called_through_keras(monkeypatch):
+    """Masking marks the all-zero days of a float input (its `compute_mask` makes a mask where the input had none), so
+    it goes through `Layer.__call__`, which puts the mask on its output, and the LSTM after it, given a masked input,
+    skips those days through Keras too; a global pooling, whose `compute_mask` makes none, is called bare."""
+    seed_everything(0)
+    model = keras.Sequential([keras.Input((5, 1)), keras.layers.Masking(0.0), keras.layers.LSTM(2),
+                              keras.layers.Dense(1)])
+    x = torch.as_tensor([[1, 2, 3, 0, 0], [3, 0, 0, 0, 0]], dtype=torch.float32)[..., None]
+    want = model(x, training=True)
+    called = _called_whole(monkeypatch)
+    assert torch.equal(torch_loop._forward(model, x, training=True), want)
+    assert called[:2] == [model.layers[0].name, model.layers[1].name]  # then the LSTM's cell, a day at a time
+    assert model.layers[2].name not in called  # the Dense after them: bare
+    assert not torch_loop._makes_no_mask(model.layers[0], x)
+    assert torch_loop._makes_no_mask(keras.layers.GlobalAveragePooling1D(), x)
+    unmasked = keras.Sequential([keras.Input((5, 1)), model.layers[1], model.layers[2]])
+    assert not torch.equal(unmasked(x), want)  # the mask did something
 
 
 def test_a_layer_holding_layers_without_a_training_flag_keeps_the_model_whole():
