@@ -251,7 +251,7 @@ def bench(args: argparse.Namespace) -> int:
         check_epochs(zoo_data[name][1], zoo_data[name][0].n_train)
     totals = {e: len(bench_paths.bench_paths(e)) * args.repeats for e in engines} | {"numpy": args.repeats} | (
         {"walk-forward": 1} if "jax" in engines else {}) | {
-        f"zoo {m}": sum(len(bench_paths.zoo_paths(e)) for e in engines) * args.repeats for m in models}
+        f"zoo {m}": sum(len(bench_paths.zoo_paths(e, m)) for e in engines) * args.repeats for m in models}
     with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp, report.bench_progress(totals) as tick:
         timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats, on_timing=tick)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
@@ -266,7 +266,7 @@ def bench(args: argparse.Namespace) -> int:
             (Path(tmp) / name).mkdir()
             timed = bench_paths.run(data, model_cfg, engines, Path(tmp) / name, args.repeats,
                                     on_timing=lambda engine, path, row=f"zoo {name}": tick(row, f"{engine} {path}"),
-                                    build=zoo_matrix.ZOO[name].build)
+                                    model=name)
             timings.setdefault("zoo", {})[name] = timed
             timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
     report.print_bench(timings, bench_paths.targets(timings))

@@ -179,8 +179,9 @@ def bench(request: dict, send) -> dict:
     for _ in range(request["repeats"]):
         for name in request["paths"]:
             seed_everything(cfg.seed)
-            if name in floors.FLOORS:  # the same step without Keras
-                seconds, compile_seconds = floors.FLOORS[name][1](data, cfg)
+            if name in floors.FLOORS:  # the same step without Keras, from the Keras model's own first weights
+                weights = _model(request, data).get_weights()
+                seconds, compile_seconds = floors.FLOORS[name][1](data, cfg, weights, request.get("model", "har"))
             else:
                 result = paths.get(name).train(_model(request, data), data, cfg)
                 seconds, compile_seconds = result.train_seconds, result.compile_seconds

@@ -19,6 +19,7 @@ from compare import paths, runner
 from compare.speed import floors
 from keras_side.config import HarData, batch_slices, numpy_orders, versions
 from keras_side.spec import TrainConfig
+from keras_side.zoo import ZOO
 
 TARGETS = (  # (path, against, at least): the issue's targets ("Speed, raised"), printed with what this run measured
     ("jax-native-scan", "fit", 150.0),
@@ -46,9 +47,17 @@ def bench_paths(engine: str) -> list[str]:
 ZOO_VARIANTS = {"jax": ["jax-native-scan"], "torch": ["torch-native-compile"]}
 
 
-def zoo_paths(engine: str) -> list[str]:
-    """What the zoo table times per model: fit, the native loop, and the engine's fast path (`ZOO_VARIANTS`)."""
-    return [p.name for p in paths.for_engine(engine)] + ZOO_VARIANTS.get(engine, [])
+def has_floor(model: str) -> bool:
+    """A zoo model has floors where `floors.RAW` writes it without Keras and its spec is the floors' own (MSE and the
+    spec's optimizer, no metrics or sample weights)."""
+    return model in floors.RAW and not ZOO[model].spec
+
+
+def zoo_paths(engine: str, model: str) -> list[str]:
+    """What the zoo table times per model: fit, the native loop, the engine's fast path (`ZOO_VARIANTS`), and the
+    same step without Keras where the model has one (`has_floor`)."""
+    own = [p.name for p in paths.for_engine(engine)] + ZOO_VARIANTS.get(engine, [])
+    return own + (floors.floors(engine) if has_floor(model) else [])
 
 
 # The zoo's targets (issue "Speed, raised"): every model's native paths at least 2× its engine's fit, the fused
@@ -77,10 +86,10 @@ def numpy_adam(data: HarData, cfg: TrainConfig) -> float:
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repeats: int,
-        on_timing=lambda row, path: None, build: str | None = None) -> dict:
+        on_timing=lambda row, path: None, model: str | None = None) -> dict:
     """Time every path `repeats` times; the JSON of `native-loops bench --json`. `on_timing(engine, path)` after
-    each timed run (row "numpy" for the floor). With `build` (a zoo model's builder), time `zoo_paths` of that
-    model instead, without the NumPy floor (it is the HAR's)."""
+    each timed run (row "numpy" for the floor). With `model` (a zoo model's name), time `zoo_paths` of that model
+    instead, without the NumPy floor (it is the HAR's)."""
     cfg = cfg.replace(validate=False)
     timings: dict[str, dict[str, list]] = {}
     stages = {}
@@ -98,13 +107,13 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
             on_timing(engine, event["path"])
 
     with runner.Pool(engines, folder, jobs=1) as pool:
-        request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not build}
-        if build:
-            request["build"] = build
-        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e) if build else bench_paths(e)}, on_event)
+        request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model}
+        if model:
+            request |= {"model": model, "build": ZOO[model].build}
+        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)}, on_event)
         failed = dict(pool.failed)
     steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
-    if build:
+    if model:
         return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed}
     floor = []
     for _ in range(repeats):
@@ -156,5 +165,7 @@ def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
         for path, row in timed["paths"].items():
             goal = ZOO_TARGETS.get(path, ZOO_TARGETS["native"] if "-native" in path else None)
             if goal is not None and row["ratio_vs_fit"] is not None:
-                rows.append((f"{model}: {path} vs fit", row["ratio_vs_fit"], goal, row["ratio_vs_fit"] >= goal))
+                floor = timed["paths"].get(row["floor"]) if row["floor"] else None  # what no Keras would reach
+                said = f" (its floor, {row['floor']}: {floor['ratio_vs_fit']:.1f}×)" if floor else ""
+                rows.append((f"{model}: {path} vs fit{said}", row["ratio_vs_fit"], goal, row["ratio_vs_fit"] >= goal))
     return rows

@@ -1,13 +1,17 @@
-"""The floors of `native-loops bench`: the HAR's training step written without Keras, in raw torch and raw JAX, on
-the same shapes, batches and Keras-exact Adam, so every path's time has a physical reference.
+"""The floors of `native-loops bench`: a model's training step written without Keras, in raw torch and raw JAX, on
+the same shapes, weights, batches and Keras-exact optimizer, so every path's time has a physical reference.
 
-    torch-raw      `x @ w + b`, the MSE, autograd, `native.torch.optim`'s Adam, the loop of `native/torch/loop.py`
+    torch-raw      the forward in torch ops, the MSE, autograd, `native.torch.optim`'s optimizer, the torch loop's
+                   batches
     jax-raw        the same step in `jax.numpy`, jitted, driven by `native/jax/loop.py`'s Python loop
     jax-raw-scan   the same step under `native/jax/loop.py`'s fused `lax.scan` driver
 
-`torch_stages` times the torch loop's step stage by stage (the batch's rows, the forward, the loss, the backward,
-the optimizer), with the Keras model and with raw tensors: where the eager step's time goes. Measured only by the
-bench (this module imports its engine when called), never asserted by a test.
+Written for the HAR and the two sequence models of the zoo (`RAW`): `Dense(1)` is `x @ w + b`; the LSTM is
+torch's own LSTM op (ATen's cell, as the torch loop runs it) and a `lax.scan` over the days in JAX; the Conv1D is
+each engine's own convolution. Each starts from the Keras model's own weights and ends where the native loop ends
+(tested). `torch_stages` times the torch loop's step stage by stage (the batch's rows, the forward, the loss, the
+backward, the optimizer), with the Keras model and with raw tensors: where the eager step's time goes. Measured only
+by the bench (this module imports its engine when called), never asserted by a test.
 """
 from __future__ import annotations
 
@@ -19,26 +23,84 @@ from keras_side.config import HarData, batch_slices, take
 from keras_side.spec import TrainConfig
 
 STAGES = ("rows", "forward", "loss", "backward", "optimizer")
+RAW = ("har", "lstm", "conv1d")  # the models with a floor: their builders in keras_side.models, MSE, no metrics
 
 
-def _torch_raw(data: HarData, cfg: TrainConfig):
-    import torch
-
-    from native.torch import optim
-
-    w = torch.zeros((data.x_train.shape[1], 1), requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    optimizer = optim.build([w, b], cfg)[0]
-    return (w, b), optimizer, lambda x: x @ w + b
-
-
-def torch_raw(data: HarData, cfg: TrainConfig, trained: list | None = None) -> tuple[float, None]:
-    """Seconds of the HAR's training without Keras on torch (no compile); `trained` receives the weights."""
+def _torch_forward(model: str):
+    """`forward(params, x)` of a `RAW` model in torch ops, its params in the Keras model's weight order."""
     import torch
 
     from native.torch import loop
 
-    params, optimizer, forward = _torch_raw(data, cfg)
+    def har(p, x):
+        w, b = p
+        return x @ w + b
+
+    def lstm(p, x):  # what the torch loop runs for a plain LSTM: torch.lstm, ATen's cell (native.torch.loop._lstm)
+        kernel, recurrent, bias, w, b = p
+        zeros = torch.zeros((1, x.shape[0], recurrent.shape[0]), dtype=x.dtype)
+        with loop.without_onednn():
+            _, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), (kernel.t(), recurrent.t(), bias,
+                                    torch.zeros_like(bias)), True, 1, 0.0, True, False, True)
+        return last[0] @ w + b
+
+    def conv1d(p, x):  # Conv1D(relu) → the mean over the days → Dense(1)
+        kernel, bias, w, b = p
+        h = torch.relu(torch.nn.functional.conv1d(x.transpose(1, 2), kernel.permute(2, 1, 0), bias))
+        return h.mean(dim=2) @ w + b
+
+    return {"har": har, "lstm": lstm, "conv1d": conv1d}[model]
+
+
+def _jax_forward(model: str):
+    """`forward(params, x)` of a `RAW` model in `jax.numpy`, its params in the Keras model's weight order."""
+    import jax
+    import jax.numpy as jnp
+
+    def har(p, x):
+        w, b = p
+        return x @ w + b
+
+    def lstm(p, x):  # Keras's LSTMCell, one day a step of a lax.scan: the gates in Keras's order (i, f, c, o)
+        kernel, recurrent, bias, w, b = p
+
+        def day(carry, x_t):
+            h, c = carry
+            i, f, g, o = jnp.split(x_t @ kernel + h @ recurrent + bias, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            return (jax.nn.sigmoid(o) * jnp.tanh(c), c), None
+
+        zeros = jnp.zeros((x.shape[0], recurrent.shape[0]), x.dtype)
+        (h, _), _ = jax.lax.scan(day, (zeros, zeros), jnp.swapaxes(x, 0, 1))
+        return h @ w + b
+
+    def conv1d(p, x):
+        kernel, bias, w, b = p
+        h = jax.lax.conv_general_dilated(x, kernel, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+        return jnp.mean(jax.nn.relu(h + bias), axis=1) @ w + b
+
+    return {"har": har, "lstm": lstm, "conv1d": conv1d}[model]
+
+
+def _torch_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
+    import torch
+
+    from native.torch import optim
+
+    params = [torch.tensor(w, requires_grad=True) for w in weights]
+    forward = _torch_forward(model)
+    return params, optim.build(params, cfg)[0], lambda x: forward(params, x)
+
+
+def torch_raw(data: HarData, cfg: TrainConfig, weights: list[np.ndarray], model: str = "har",
+              trained: list | None = None) -> tuple[float, None]:
+    """Seconds of `model`'s training from `weights` without Keras on torch (no compile); `trained` receives the
+    weights."""
+    import torch
+
+    from native.torch import loop
+
+    params, optimizer, forward = _torch_raw(weights, model, cfg)
     x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
     start = time.perf_counter()
     for order in loop.batch_orders(cfg, data.n_train):
@@ -55,8 +117,9 @@ def torch_raw(data: HarData, cfg: TrainConfig, trained: list | None = None) -> t
 
 
 def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, float]]:
-    """µs per step of each stage of the torch loop's eager step, with the Keras model ("keras") and with raw tensors
-    ("raw"): each stage timed on its own (`time.perf_counter` around it; torch's CPU ops are synchronous)."""
+    """µs per step of each stage of the torch loop's eager step on the HAR, with the Keras model ("keras") and with
+    raw tensors ("raw"): each stage timed on its own (`time.perf_counter` around it; torch's CPU ops are
+    synchronous)."""
     import torch
 
     from native.torch import loop, optim
@@ -64,7 +127,8 @@ def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, 
     found = {}
     params = [p for p in model.parameters() if p.requires_grad]
     keras_step = (optim.build(params, cfg)[0], lambda xb: loop._forward(model, xb, training=True))
-    for name, (optimizer, forward) in {"keras": keras_step, "raw": _torch_raw(data, cfg)[1:]}.items():
+    raw_step = _torch_raw(model.get_weights(), "har", cfg)[1:]
+    for name, (optimizer, forward) in {"keras": keras_step, "raw": raw_step}.items():
         loss_fn = loop.spec_loss(cfg, same_rank=True)
         x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
         spent, steps = dict.fromkeys(STAGES, 0.0), 0
@@ -90,7 +154,7 @@ def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, 
     return found
 
 
-def _jax_raw(data: HarData, cfg: TrainConfig):
+def _jax_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
     """The raw step in the loop drivers' form: `step(state, (x, y)) -> (state, loss)` over state `(trainable,
     non_trainable, opt_state, metrics)`, no Keras in it."""
     import jax
@@ -99,11 +163,10 @@ def _jax_raw(data: HarData, cfg: TrainConfig):
 
     from native.jax import optim
 
-    optimizer = optim.build(cfg)
+    optimizer, forward = optim.build(cfg), _jax_forward(model)
 
     def mse(trainable, x, y):
-        w, b = trainable
-        return jnp.mean((x @ w + b - y) ** 2)
+        return jnp.mean((forward(trainable, x) - y) ** 2)
 
     @jax.jit
     def step(state, batch):
@@ -112,16 +175,17 @@ def _jax_raw(data: HarData, cfg: TrainConfig):
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         return (optax.apply_updates(trainable, updates), non_trainable, opt_state, metrics), loss
 
-    trainable = [jnp.zeros((data.x_train.shape[1], 1)), jnp.zeros(1)]
+    trainable = [jnp.asarray(w) for w in weights]
     return step, (trainable, [], optimizer.init(trainable), [])
 
 
-def jax_raw(data: HarData, cfg: TrainConfig, driver: str = "loop", trained: list | None = None) -> tuple[float, float]:
-    """(seconds, compile seconds) of the HAR's training without Keras on JAX, under the native loop's own driver;
-    `trained` receives the weights."""
+def jax_raw(data: HarData, cfg: TrainConfig, weights: list[np.ndarray], model: str = "har", driver: str = "loop",
+            trained: list | None = None) -> tuple[float, float]:
+    """(seconds, compile seconds) of `model`'s training from `weights` without Keras on JAX, under the native loop's
+    own driver; `trained` receives the weights."""
     from native.jax import loop
 
-    step, state = _jax_raw(data, cfg)
+    step, state = _jax_raw(weights, model, cfg)
     train_xy, val = loop.arrays(data)
     orders = np.asarray(loop.batch_orders(cfg, data.n_train))
     run = loop._scan_driver if driver == "scan" else loop._loop_driver
@@ -133,7 +197,7 @@ def jax_raw(data: HarData, cfg: TrainConfig, driver: str = "loop", trained: list
 
 
 FLOORS = {"torch-raw": ("torch", torch_raw), "jax-raw": ("jax", jax_raw),
-          "jax-raw-scan": ("jax", lambda data, cfg: jax_raw(data, cfg, driver="scan"))}
+          "jax-raw-scan": ("jax", lambda *args, **kwargs: jax_raw(*args, driver="scan", **kwargs))}
 # Each path's floor: the same step without Keras, under the same driver.
 FLOOR_OF = {"keras-torch": "torch-raw", "torch-native": "torch-raw", "torch-native-compile": "torch-raw",
             "torch-native-engine": "torch-raw", "torch-native-compile-engine": "torch-raw",

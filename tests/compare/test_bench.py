@@ -2,11 +2,12 @@
 import json
 
 from compare import cli
+from compare import data as har_data
 
 
-def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
+def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel, har):
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "1", "--models", "mlp_l2",
+    assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "1", "--models", "conv1d",
                      "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-native-engine",
@@ -28,24 +29,34 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, har):
     assert walk["jax-vmap-1dev"]["models"] == walk["jax-vmap-2dev"]["models"] > 500
     assert all(w["seconds"] > 0 and w["models_per_s"] > 0 for w in walk.values())
     assert walk["keras-jax-fit-extrapolated"]["measured_refits"] == 2 and walk["torch-vmap"]["seconds"] > 0
-    # --models: the zoo table, the same schema per model, the ratios to its engine's fit, no NumPy floor
-    zoo = report["zoo"]["mlp_l2"]
-    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "keras-jax", "jax-native",
-                                 "jax-native-scan"}
+    # --models: the zoo table, the same schema per model, the ratios to its engine's fit, its floors, no NumPy floor
+    zoo = report["zoo"]["conv1d"]
+    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-raw", "keras-jax",
+                                 "jax-native", "jax-native-scan", "jax-raw", "jax-raw-scan"}
     assert all(row["median_ms"] > 0 and row["ratio_vs_fit"] > 0 and row["ratio_vs_numpy"] is None
                for row in zoo["paths"].values())
-    assert zoo["steps"] == report["steps"] and not report["incomplete"]
+    assert zoo["paths"]["jax-native-scan"]["floor"] == "jax-raw-scan" and zoo["paths"]["jax-raw-scan"]["compile_ms"]
+    sequences = har_data.prepare_kind(panel, "sequence")
+    assert zoo["steps"] == 2 * -(-sequences.n_train // 128) and not report["incomplete"]
     printed = capsys.readouterr().out
-    assert "jax-native-scan vs fit" in printed and "mlp_l2: torch-native vs fit" in printed
-    assert "mlp_l2: torch-native-compile vs fit" in printed and zoo["paths"]["torch-native-compile"]["compile_ms"] > 0
-    assert "the zoo: the same model through fit and by hand" in printed
+    assert "jax-native-scan vs fit" in printed and "conv1d: torch-native vs fit (its floor, torch-raw: " in printed
+    assert "conv1d: torch-native-compile vs fit" in printed and zoo["paths"]["torch-native-compile"]["compile_ms"] > 0
+    assert "the zoo: the same model through fit and by hand" in printed and "floor × fit" in printed
     # progress while it runs: a bar per engine counting its timed runs (paths × repeats), the floor, the walk-forward
     assert "torch: torch-raw" in printed and "numpy: numpy-floor" in printed
     assert "where the torch step's time goes" in printed
-    assert "walk-forward: 582 models on jax and torch" in printed and "zoo mlp_l2: jax jax-native-scan" in printed
+    assert "walk-forward: 582 models on jax and torch" in printed and "zoo conv1d: jax jax-raw-scan" in printed
 
 
 def test_an_unknown_model_is_one_line_before_anything_runs(capsys):
     assert cli.main(["bench", "--models", "resnet"]) == 2
     err = capsys.readouterr().err
     assert "unknown model(s) resnet" in err and err.count("\n") == 1
+
+
+def test_a_zoo_model_has_floors_only_where_they_are_its_step():
+    from compare.speed import bench
+
+    assert "jax-raw-scan" in bench.zoo_paths("jax", "lstm") and "torch-raw" in bench.zoo_paths("torch", "conv1d")
+    # no raw version of mlp_l2; the HAR's zoo entry counts an MAE metric each step, which its floor does not
+    assert not {"jax-raw", "torch-raw"} & {*bench.zoo_paths("jax", "mlp_l2"), *bench.zoo_paths("torch", "har")}

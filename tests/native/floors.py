@@ -1,20 +1,26 @@
-"""The bench's floors (compare.speed.floors) compute what the native loop computes, without Keras: from the same
-(zero) start, the same batches and Adam, the same weights. Imported by each engine's test file."""
+"""The bench's floors (compare.speed.floors) compute what the native loop computes, without Keras: from the Keras
+model's own first weights, the same batches and Adam, the same weights at the end. Imported by each engine's test
+file, for every model the floors write (`floors.RAW`)."""
 import numpy as np
 
-from compare.tolerances import VMAP_VS_ALONE_ATOL
+from compare.speed import floors
+from compare.tolerances import FLOOR_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
+from keras_side.zoo import ZOO
+from tests.native.many_seeds import zoo_data
 
 CFG = TrainConfig(epochs=3, validate=False)
+MODELS = floors.RAW
 
 
-def check_floor_trains_as_the_loop(har, floor, train_loop):
+def check_floor_trains_as_the_loop(panel, model: str, floor, train_loop):
+    data = zoo_data(panel, model)
+    keras_model = models.ensure_built(ZOO[model].builder()(), data.x_train)
+    start = keras_model.get_weights()
     trained = []
-    floor(har, CFG, trained=trained)
-    model = models.ensure_built(models.har(), har.x_train)
-    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
-    train_loop(model, har, CFG)
-    assert not np.allclose(trained[0], 0)  # it trained
-    for got, want in zip(trained, model.get_weights(), strict=True):
-        np.testing.assert_allclose(got, want, atol=VMAP_VS_ALONE_ATOL, rtol=0)
+    floor(data, CFG, start, model, trained=trained)
+    train_loop(keras_model, data, CFG)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(trained, start)) > 1e-3  # it trained
+    for got, want in zip(trained, keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=FLOOR_VS_LOOP_ATOL, rtol=0)

@@ -83,6 +83,7 @@ import pytest  # noqa: E402
 
 from native.jax import loop  # noqa: E402
 from tests.native.many_seeds import check_each_seed_trains_as_alone  # noqa: E402
+from tests.native import floors as floors_check  # noqa: E402
 
 
 def scan_alone(model, data, cfg):
@@ -101,9 +102,9 @@ def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
 
 
 @pytest.mark.parametrize("driver", ["loop", "scan"])
-def test_the_bench_floors_are_the_loop_without_keras(har, driver):
+@pytest.mark.parametrize("model", floors_check.MODELS)
+def test_the_bench_floors_are_the_loop_without_keras(panel, model, driver):
     from compare.speed import floors
-    from tests.native.floors import check_floor_trains_as_the_loop
 
-    check_floor_trains_as_the_loop(har, lambda *a, **k: floors.jax_raw(*a, driver=driver, **k),
-                                   lambda m, d, c: loop.train(m, d, c, driver=driver))
+    floors_check.check_floor_trains_as_the_loop(panel, model, lambda *a, **k: floors.jax_raw(*a, driver=driver, **k),
+                                                lambda m, d, c: loop.train(m, d, c, driver=driver))

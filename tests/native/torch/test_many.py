@@ -56,6 +56,7 @@ from keras_side.spec import SpecError  # noqa: E402
 from keras_side.zoo import ZOO  # noqa: E402
 from native.torch import loop  # noqa: E402
 from tests.native.many_seeds import check_each_seed_trains_as_alone, zoo_data  # noqa: E402
+from tests.native import floors as floors_check  # noqa: E402
 
 
 def loop_alone(model, data, cfg):
@@ -85,11 +86,11 @@ def test_what_would_tie_the_models_together_is_refused(panel, name, spec, says):
                                                                                                  data.n_train))
 
 
-def test_the_bench_floor_is_the_loop_without_keras(har):
+@pytest.mark.parametrize("model", floors_check.MODELS)
+def test_the_bench_floor_is_the_loop_without_keras(panel, model):
     from compare.speed import floors
-    from tests.native.floors import check_floor_trains_as_the_loop
 
-    check_floor_trains_as_the_loop(har, floors.torch_raw, loop.train)
+    floors_check.check_floor_trains_as_the_loop(panel, model, floors.torch_raw, loop.train)
 
 
 def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
