@@ -154,7 +154,8 @@ def _makes_no_mask(layer, x) -> bool:
     """For an input without a mask, `Layer.__call__` puts a mask on the output only when the layer supports masking
     and its `compute_mask(x, None)` returns one: `Layer`'s own passes the input's (None) on, a global pooling's
     returns None, an `Embedding(mask_zero=True)` or a `Masking` makes one (and is called through Keras). Asked per
-    call: a mask may depend on the input's values (0.1 µs for a pooling's; its wrapper costs 50)."""
+    call: a mask may depend on the input's values (0.1 µs for a pooling's; its wrapper costs 50). A mask that `call`
+    puts on its output itself (as `Masking`'s does) stays there either way."""
     return (type(layer).compute_mask is keras.Layer.compute_mask or not layer.supports_masking
             or layer.compute_mask(x, None) is None)
 
@@ -227,9 +228,11 @@ def _hooked(module) -> bool:
 @functools.cache
 def _bare_class(cls) -> bool:
     """What `_bare` asks of a layer's class, once per class: one of Keras's own layers, with `Layer`'s `__call__`,
-    whose `call` takes nothing but its input, `training` and a `mask=None`."""
+    whose `call` takes nothing but its input, `training` and a `mask=None`. Not a `Lambda`: it runs your function,
+    whose layers (untracked, in its closure) read `training` from the call context that only `__call__` opens."""
     parameters = list(inspect.signature(cls.call).parameters.values())[2:]  # after self and the input
     return (cls.__module__.startswith("keras.src.layers.") and cls.__call__ is keras.Layer.__call__
+            and not issubclass(cls, keras.layers.Lambda)
             and all(p.name == "training" or (p.name == "mask" and p.default is None) for p in parameters))
 
 

@@ -469,6 +469,16 @@ def test_a_layer_that_makes_a_mask_is_called_through_keras(monkeypatch):
     assert not torch.equal(unmasked(x), want)  # the mask did something
 
 
+def test_a_lambda_is_called_through_keras_so_its_layers_see_the_training_flag(monkeypatch):
+    """A Dropout inside a Lambda's function (untracked) reads `training` from the call context that Keras's
+    `Layer.__call__` opens: called bare, it would not drop."""
+    dropout = keras.layers.Dropout(0.5, seed=0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Lambda(lambda x: dropout(x))])
+    called = _called_whole(monkeypatch)
+    out = torch_loop._forward(model, torch.ones((4, 64)), training=True)
+    assert model.layers[0].name in called and (out == 0).any() and (out == 2).any()
+
+
 def test_a_layer_holding_layers_without_a_training_flag_keeps_the_model_whole():
     """Its inner Dropout reads `training` from the model's call: called alone it would not see it. A Sequential
     subclass with its own `call` is called whole too."""
