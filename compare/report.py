@@ -227,7 +227,8 @@ def _bench_zoo_table(zoo: dict) -> Table:
     (the same step without Keras: `compare.speed.floors`)."""
     table = Table("model", "engine", "fit ms", "native ms", "× fit", "fast path", "ms", "× fit", "compile s",
                   "floor ms", "floor × fit", title="the zoo: the same model through fit and by hand, median of the "
-                  "repeats (floor: the fast path's step without Keras)", title_justify="left")
+                  "repeats (floor: the same step without Keras, eager on torch, the fused scan on JAX)",
+                  title_justify="left")
     fmt = lambda row, key, spec: "" if row is None or row[key] is None else format(row[key], spec)  # noqa: E731
     for model, timed in zoo.items():
         for engine in dict.fromkeys(name.split("-")[1] for name in timed["paths"] if name.startswith("keras-")):

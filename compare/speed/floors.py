@@ -44,10 +44,10 @@ def _torch_forward(model: str):
                                     torch.zeros_like(bias)), True, 1, 0.0, True, False, True)
         return last[0] @ w + b
 
-    def conv1d(p, x):  # Conv1D(relu) → the mean over the days → Dense(1)
+    def conv1d(p, x):  # Conv1D(relu) → the mean over the days → Dense(1); its bias added after, as Keras adds it
         kernel, bias, w, b = p
-        h = torch.relu(torch.nn.functional.conv1d(x.transpose(1, 2), kernel.permute(2, 1, 0), bias))
-        return h.mean(dim=2) @ w + b
+        h = torch.nn.functional.conv1d(x.transpose(1, 2).contiguous(), kernel.permute(2, 1, 0)).transpose(1, 2)
+        return torch.relu(h + bias).mean(dim=1) @ w + b
 
     return {"har": har, "lstm": lstm, "conv1d": conv1d}[model]
 
