@@ -169,11 +169,11 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
             timing[name] = {"models": w.n_models, "seconds": t["seconds"], "compile_seconds": t["compile_seconds"],
                             "models_per_s": w.n_models / t["seconds"], "devices": t["devices"]}
         if answer["fit_seconds"]:
-            per_model = float(np.mean(answer["fit_seconds"]))
+            per_model, refits = float(np.mean(answer["fit_seconds"])), len(answer["fit_seconds"])
             timing[f"keras-{engine}-fit-extrapolated"] = {
                 "models": w.n_models, "seconds": per_model * w.n_models, "models_per_s": 1 / per_model,
-                "devices": 1, "measured_refits": len(answer["fit_seconds"]),
-                "note": f"timed on {len(answer['fit_seconds'])} refits, extrapolated"}
+                "devices": 1, "measured_refits": refits,
+                "note": f"timed on {refits} refit{'s' * (refits != 1)}, extrapolated"}
     notes = [f"fewer than {c} JAX devices here: the run sharded over {c} was skipped"
              for c in counts if "jax" in answers and f"jax-vmap-{c}dev" not in timing]
     return {"forecasts": forecasts, "timing": timing, "notes": notes}
