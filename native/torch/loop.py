@@ -7,13 +7,15 @@ Do not reach for `torch.func.functional_call`: on a Keras model it silently trai
 What `fit` adds, written out: the spec's Keras loss plus `model.losses` (the regularizers), the optimizer of the
 spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and the short last batch as it comes.
 
-`train(..., compile=True)` (path `torch-native-compile`) runs the same loop with the batch loss, the model's
-forward and the loss, through `torch.compile` (one graph, no Keras Python per step, and a backward graph from
-AOTAutograd), and the Keras-exact update too (one kernel), then skips dynamo's guards once every batch shape is
-compiled (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
-(the HAR: 167 against 195 µs in one bench run; the eager loop calls each layer's `call` where Keras's wrapper has
-nothing to do, `_bare`, which is what the compiled graph leaves out anyway, and a plain LSTM as torch's own LSTM
-op, `_lstm`).
+`train(..., compile=True)` (path `torch-native-compile`) runs the same loop through `torch.compile`: for a model
+whose call updates no state (`stateless`) the objective's gradient in one graph, forward and backward together
+(`compiled_gradient`: `torch.func.grad` over Keras's own `model.stateless_call`, the parameters' values in, their
+gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, Dropout) the batch loss
+in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update is compiled
+too (one kernel), and dynamo's guards are skipped once every batch shape is compiled (`guards_skipped`). It pays a
+one-off compile (seconds, reported apart) for a step faster than eager (docs/speed.md; the eager loop calls each
+layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is what the compiled graph leaves out anyway,
+and a plain LSTM as torch's own LSTM op, `_lstm`).
 """
 from __future__ import annotations
 
@@ -322,10 +324,10 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
 def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None,
           checkpoint=None, resume: bool = False) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
-    `compile=True` runs the batch loss through `torch.compile`. `on_step(loss)` is called after every optimizer step
-    with the step's batch loss (the training-parity check reads the weights there). `checkpoint=DIR` writes a
-    checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler with `torch.save`);
-    `resume=True` goes on from the last one there."""
+    `compile=True` runs the step through `torch.compile` (the module's docstring). `on_step(loss)` is called after
+    every optimizer step with the step's batch loss (the training-parity check reads the weights there).
+    `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler
+    with `torch.save`); `resume=True` goes on from the last one there."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
@@ -348,6 +350,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     def batch_loss(xb, yb, wb):
         return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb)
 
+    backward = _through_autograd(batch_loss, optimizer)
     if compile:
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
@@ -355,7 +358,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         torch.compiler.reset()
         counters.clear()  # dynamo's tally, to tell after the first epoch whether the step broke its graph
         traceable(model)
-        batch_loss = fresh_losses(model, torch.compile(batch_loss))
+        if stateless(model):
+            backward = compiled_gradient(model, loss_fn)
+        else:
+            backward = _through_autograd(fresh_losses(model, torch.compile(batch_loss)), optimizer)
     sizes = torch.tensor([rows.stop - rows.start for rows in batch_slices(data.n_train, cfg.batch_size)],
                          dtype=torch.float64)
     warm = False  # compiled in one graph, for every batch shape of the run (after the first epoch): guards skipped
@@ -373,9 +379,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         with guards_skipped() if warm else contextlib.nullcontext():
             for rows in batch_slices(data.n_train, cfg.batch_size):
                 y_batch, w_batch = take(y_epoch, rows), None if weights is None else w_epoch[rows]
-                loss, outputs = batch_loss(take(x_epoch, rows), y_batch, w_batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss, outputs = backward(take(x_epoch, rows), y_batch, w_batch)
                 if clip:
                     clip(params)  # Keras clips inside its optimizer; torch between backward and step
                 optimizer.step()
@@ -422,6 +426,50 @@ def guards_skipped():
     A step with graph breaks (dropout_mlp: Keras's seed generator runs outside the graph) resumes through pieces that
     dynamo re-specializes as it goes, so it keeps every guard."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def _through_autograd(batch_loss, optimizer):
+    """`backward(x, y, w) -> (loss, outputs)`: the batch's loss through the model, then autograd, the gradients left
+    in each `.grad` for the optimizer."""
+    def backward(xb, yb, wb):
+        loss, outputs = batch_loss(xb, yb, wb)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, outputs
+
+    return backward
+
+
+def stateless(model) -> bool:
+    """The model's call updates no state: it has no non-trainable variables (BatchNormalization's moving statistics,
+    a Dropout's seed), so its training step is a function of its weights and the batch alone."""
+    return not model.non_trainable_variables
+
+
+def compiled_gradient(model, loss_fn):
+    """`backward(x, y, w) -> (loss, outputs)` for a `stateless` model, the gradients left in its variables' `.grad`
+    for the optimizer: the objective's gradient with respect to the trainable variables' values (`torch.func.grad`
+    over `model.stateless_call`, which returns the regularizers' losses with the outputs) compiled in one graph,
+    the forward and the backward together. Compiling the loss alone and calling `backward` on it runs the compiled
+    backward through autograd's engine, between two compiled-autograd wrappers: about twice the time for the HAR
+    (docs/speed.md). Tested equal to the eager loop. The variables stay the `nn.Module`'s parameters that the
+    optimizer steps."""
+    variables = [v.value for v in model.trainable_variables]  # the torch Parameters, in stateless_call's order
+
+    def objective(values, xb, yb, wb):
+        outputs, _, losses = model.stateless_call(values, [], keras_inputs(xb), training=True, return_losses=True)
+        loss = loss_fn(yb, outputs, wb)
+        return (loss + sum(losses) if losses else loss), outputs
+
+    gradient = fresh_losses(model, torch.compile(torch.func.grad_and_value(objective, has_aux=True)))
+
+    def backward(xb, yb, wb):
+        grads, (loss, outputs) = gradient([v.detach() for v in variables], xb, yb, wb)
+        for variable, grad in zip(variables, grads):
+            variable.grad = grad
+        return loss, outputs
+
+    return backward
 
 
 def one_graph() -> bool:

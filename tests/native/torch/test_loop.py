@@ -52,6 +52,31 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
     assert not np.allclose(flat(compiled.weights), 0)
 
 
+@pytest.mark.parametrize("name, gradient", [("mlp_l2", True), ("har_recent", True), ("two_horizons", True),
+                                            ("bn_mlp", False)])
+def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel, name, gradient, monkeypatch):
+    """#15: a model whose call updates no state trains on its objective's gradient compiled in one graph
+    (`compiled_gradient`: the regularizers' penalties, sample weights and two weighted outputs inside it); one with
+    moving statistics (bn_mlp) on its compiled loss and autograd. Either way the weights the eager loop reaches."""
+    from compare import data as har_data
+    from keras_side.zoo import ZOO
+
+    data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
+    cfg = TrainConfig(epochs=2, validate=False).replace(**entry.spec)
+    taken, compiled_gradient = [], torch_loop.compiled_gradient
+    monkeypatch.setattr(torch_loop, "compiled_gradient", lambda *a: taken.append(1) or compiled_gradient(*a))
+    results = []
+    for compile in (False, True):
+        seed_everything(0)
+        results.append(torch_loop.train(entry.builder()(), data, cfg, compile=compile))
+    assert bool(taken) == gradient == torch_loop.stateless(entry.builder()())
+    np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
+                               rtol=0)
+    seed_everything(0)
+    start = models.ensure_built(entry.builder()(), data.x_train).get_weights()
+    assert np.max(np.abs(flat(results[1].weights) - flat(start))) > 1e-3  # it trained
+
+
 PREDICT_ON_JAX = """
 import sys, numpy as np
 from keras_side import models
