@@ -8,10 +8,10 @@ What `fit` adds, written out: the spec's Keras loss plus `model.losses` (the reg
 spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and the short last batch as it comes.
 
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop through `torch.compile`: for a model
-whose call updates no state (`stateless`) the objective's gradient in one graph, forward and backward together
-(`compiled_gradient`: `torch.func.grad` over Keras's own `model.stateless_call`, the parameters' values in, their
-gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, Dropout) the batch loss
-in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update is compiled
+with no non-trainable variables (`stateless`) the objective's gradient in one graph, forward and backward together
+(`compiled_gradient`: `torch.func.grad` of the model's call under Keras's `StatelessScope`, the parameters' values
+in, their gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, Dropout) the
+batch loss in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update is compiled
 too (one kernel), and dynamo's guards are skipped once every batch shape is compiled (`guards_skipped`). It pays a
 one-off compile (seconds, reported apart) for a step faster than eager (docs/speed.md; the eager loop calls each
 layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is what the compiled graph leaves out anyway,
@@ -37,7 +37,7 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, check_outputs, keras_loss, training_loss
+from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_loss, training_loss
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -441,32 +441,45 @@ def _through_autograd(batch_loss, optimizer):
 
 
 def stateless(model) -> bool:
-    """The model's call updates no state: it has no non-trainable variables (BatchNormalization's moving statistics,
-    a Dropout's seed), so its training step is a function of its weights and the batch alone."""
-    return not model.non_trainable_variables
+    """The compiled loop may take the model's gradient in one graph (`compiled_gradient`): the model has no
+    non-trainable variables (no moving statistics, no seed, no frozen weights) and wraps no torch module of its own
+    (`TorchModuleWrapper`, whose call runs the module's own parameters, which no mapping of Keras's variables
+    reaches)."""
+    return not model.non_trainable_variables and not any(
+        isinstance(layer, keras.layers.TorchModuleWrapper) for layer in model._flatten_layers())
 
 
 def compiled_gradient(model, loss_fn):
     """`backward(x, y, w) -> (loss, outputs)` for a `stateless` model, the gradients left in its variables' `.grad`
-    for the optimizer: the objective's gradient with respect to the trainable variables' values (`torch.func.grad`
-    over `model.stateless_call`, which returns the regularizers' losses with the outputs) compiled in one graph,
-    the forward and the backward together. Compiling the loss alone and calling `backward` on it runs the compiled
-    backward through autograd's engine, between two compiled-autograd wrappers: about twice the time for the HAR
-    (docs/speed.md). Tested equal to the eager loop. The variables stay the `nn.Module`'s parameters that the
-    optimizer steps."""
-    variables = [v.value for v in model.trainable_variables]  # the torch Parameters, in stateless_call's order
+    for the optimizer: the objective's gradient with respect to the trainable variables' values, the forward and the
+    backward compiled in one graph (`torch.func.grad` of a call under Keras's `StatelessScope`, which maps each
+    variable to the value given and collects the regularizers' losses; the model called as `fit` calls it, through
+    its `__call__`). Compiling the loss alone and calling `backward` on it runs the compiled backward through
+    autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/speed.md). Tested equal to
+    the eager loop. The variables stay the `nn.Module`'s parameters that the optimizer steps. A step that cannot be
+    one graph (a custom layer drawing unseeded random numbers, whose state the scope would not keep) is refused at
+    its first batch (`SpecError`): train it with `compile=False`."""
+    variables = model.trainable_variables
 
     def objective(values, xb, yb, wb):
-        outputs, _, losses = model.stateless_call(values, [], keras_inputs(xb), training=True, return_losses=True)
+        with keras.StatelessScope(list(zip(variables, values)), collect_losses=True):
+            outputs = model(keras_inputs(xb), training=True)
+            losses = model.losses
         loss = loss_fn(yb, outputs, wb)
         return (loss + sum(losses) if losses else loss), outputs
 
-    gradient = fresh_losses(model, torch.compile(torch.func.grad_and_value(objective, has_aux=True)))
+    gradient = fresh_losses(model, torch.compile(torch.func.grad_and_value(objective, has_aux=True), fullgraph=True))
+    params = [v.value for v in variables]  # the torch Parameters
 
     def backward(xb, yb, wb):
-        grads, (loss, outputs) = gradient([v.detach() for v in variables], xb, yb, wb)
-        for variable, grad in zip(variables, grads):
-            variable.grad = grad
+        try:
+            grads, (loss, outputs) = gradient([p.detach() for p in params], xb, yb, wb)
+        except torch._dynamo.exc.Unsupported as err:
+            reason = str(err).strip().splitlines()[0]
+            raise SpecError(f"train(compile=True) takes this model's gradient in one graph, which its step breaks "
+                            f"({reason}); train it with compile=False") from None
+        for param, grad in zip(params, grads):
+            param.grad = grad
         return loss, outputs
 
     return backward

@@ -53,11 +53,14 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
 
 
 @pytest.mark.parametrize("name, gradient", [("mlp_l2", True), ("har_recent", True), ("two_horizons", True),
-                                            ("bn_mlp", False)])
+                                            ("classifier", True), ("panel", True), ("bn_mlp", False)])
 def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel, name, gradient, monkeypatch):
-    """#15: a model whose call updates no state trains on its objective's gradient compiled in one graph
-    (`compiled_gradient`: the regularizers' penalties, sample weights and two weighted outputs inside it); one with
-    moving statistics (bn_mlp) on its compiled loss and autograd. Either way the weights the eager loop reaches."""
+    """#15: a model with no state its call updates trains on its objective's gradient compiled in one graph
+    (`compiled_gradient`: the regularizers' penalties, sample weights, two weighted outputs, a metric, two inputs
+    one of them integers); one with moving statistics (bn_mlp) on its compiled loss and autograd. Either way the
+    weights the eager loop reaches, and three graphs for the run (the full batch, the short one, the update)."""
+    from torch._dynamo.utils import counters
+
     from compare import data as har_data
     from keras_side.zoo import ZOO
 
@@ -70,11 +73,66 @@ def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel,
         seed_everything(0)
         results.append(torch_loop.train(entry.builder()(), data, cfg, compile=compile))
     assert bool(taken) == gradient == torch_loop.stateless(entry.builder()())
+    assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]  # of the compiled run, the last
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
     seed_everything(0)
     start = models.ensure_built(entry.builder()(), data.x_train).get_weights()
     assert np.max(np.abs(flat(results[1].weights) - flat(start))) > 1e-3  # it trained
+
+
+def test_a_subclassed_model_is_called_as_fit_calls_it_in_the_compiled_gradient(har):
+    """Its `call` takes no `training` and adds a loss; a layer's activity penalty counts on each of its two calls:
+    compiled, the model goes through its `__call__` as eager and `fit` do, so every loss is in the gradient."""
+    class Twice(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3, activity_regularizer=keras.regularizers.L2(0.1))
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            self.add_loss(0.01 * keras.ops.mean(x ** 2))
+            return self.out(self.dense(self.dense(x)))
+
+    data = har
+    results = []
+    for compile in (False, True):
+        seed_everything(0)
+        model = Twice()
+        model(data.x_train[:2])
+        results.append(torch_loop.train(model, data, TrainConfig(epochs=2, validate=False), compile=compile))
+    assert torch_loop.stateless(model)
+    np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
+                               rtol=0)
+
+
+def test_a_step_that_cannot_be_one_graph_is_refused_with_its_reason(har):
+    """Unseeded noise draws from Keras's global generator, whose state a `StatelessScope` would not keep: the step
+    cannot be one graph, and the compiled loop says so instead of training on the same noise every step."""
+    from keras_side.spec import SpecError
+
+    class Noisy(keras.layers.Layer):
+        def call(self, x):
+            return x + keras.random.normal(keras.ops.shape(x))
+
+    model = keras.Sequential([keras.Input((3,)), Noisy(), keras.layers.Dense(1)])
+    with pytest.raises(SpecError, match="which its step breaks .*; train it with compile=False"):
+        torch_loop.train(model, har, TrainConfig(epochs=1, validate=False), compile=True)
+
+
+def test_a_wrapped_torch_module_keeps_the_compiled_loss():
+    """A torch module inside a Keras layer (Keras wraps it in a `TorchModuleWrapper`) computes with its own torch
+    parameters, which no mapping of Keras's variables reaches: its gradient would be zero; it is not `stateless`."""
+    class Wrapped(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 1)
+
+        def call(self, x):
+            return self.linear(x)
+
+    model = keras.Sequential([keras.Input((3,)), Wrapped()])
+    assert not torch_loop.stateless(model) and torch_loop.stateless(models.har())
 
 
 PREDICT_ON_JAX = """

@@ -102,7 +102,8 @@ def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
 
 
 def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
-    """#15: the stacked trainer's batch loss through torch.compile, the same weights (each model as alone)."""
+    """#15: the stacked trainer's gradient compiled in one graph (`torch.func.grad` under torch.compile) against
+    autograd's backward, eager: the same weights (each model as alone)."""
     x, y, rows = problem()
     cfg, model = TrainConfig(epochs=3), models.har()
     start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 1)[0]
