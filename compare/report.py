@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from compare.reference import Ols
-from compare.speed.bench import ZOO_VARIANTS
+from compare.speed.bench import ZOO_VARIANTS, floor_row
 from compare.synthetic import TrueProcess
 from keras_side.config import HarData, Result, versions
 from keras_side.spec import TrainConfig
@@ -235,7 +235,7 @@ def _bench_zoo_table(zoo: dict) -> Table:
             fit, native = timed["paths"].get(f"keras-{engine}"), timed["paths"].get(f"{engine}-native")
             fast = next((p for p in ZOO_VARIANTS.get(engine, []) if p in timed["paths"]), None)
             row = timed["paths"].get(fast)
-            floor = timed["paths"].get(row["floor"]) if row and row.get("floor") else None
+            floor = floor_row(timed, row)
             compile_s = "" if row is None or row["compile_ms"] is None else f"{row['compile_ms'] / 1e3:.1f}"
             table.add_row(model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
                           fmt(native, "ratio_vs_fit", ".1f"), fast or "", fmt(row, "median_ms", ",.1f"),

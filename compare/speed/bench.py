@@ -60,6 +60,11 @@ def zoo_paths(engine: str, model: str) -> list[str]:
     return own + (floors.floors(engine) if has_floor(model) else [])
 
 
+def floor_row(timed: dict, row: dict | None) -> dict | None:
+    """The timings of `row`'s floor, where it has one and it was timed (a model's `timed["paths"]`)."""
+    return timed["paths"].get(row["floor"]) if row and row.get("floor") else None
+
+
 # The zoo's targets (issue "Speed, raised"): every model's native paths at least 2× its engine's fit, the fused
 # JAX scan 20×: what the HAR's paths reach, asked of real models.
 ZOO_TARGETS = {"native": 2.0, "jax-native-scan": 20.0}
@@ -165,7 +170,7 @@ def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
         for path, row in timed["paths"].items():
             goal = ZOO_TARGETS.get(path, ZOO_TARGETS["native"] if "-native" in path else None)
             if goal is not None and row["ratio_vs_fit"] is not None:
-                floor = timed["paths"].get(row["floor"]) if row["floor"] else None  # what no Keras would reach
+                floor = floor_row(timed, row)  # what no Keras would reach
                 said = f" (its floor, {row['floor']}: {floor['ratio_vs_fit']:.1f}×)" if floor else ""
                 rows.append((f"{model}: {path} vs fit{said}", row["ratio_vs_fit"], goal, row["ratio_vs_fit"] >= goal))
     return rows

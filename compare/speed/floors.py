@@ -26,40 +26,34 @@ STAGES = ("rows", "forward", "loss", "backward", "optimizer")
 RAW = ("har", "lstm", "conv1d")  # the models with a floor: their builders in keras_side.models, MSE, no metrics
 
 
+def _dense(p, x):
+    """The HAR's `Dense(1)` in either engine: `x @ w + b`."""
+    w, b = p
+    return x @ w + b
+
+
 def _torch_forward(model: str):
     """`forward(params, x)` of a `RAW` model in torch ops, its params in the Keras model's weight order."""
     import torch
 
     from native.torch import loop
 
-    def har(p, x):
-        w, b = p
-        return x @ w + b
-
     def lstm(p, x):  # what the torch loop runs for a plain LSTM: torch.lstm, ATen's cell (native.torch.loop._lstm)
         kernel, recurrent, bias, w, b = p
-        zeros = torch.zeros((1, x.shape[0], recurrent.shape[0]), dtype=x.dtype)
-        with loop.without_onednn():
-            _, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), (kernel.t(), recurrent.t(), bias,
-                                    torch.zeros_like(bias)), True, 1, 0.0, True, False, True)
-        return last[0] @ w + b
+        return loop.lstm_op(x, kernel, recurrent, bias, training=True)[1] @ w + b
 
     def conv1d(p, x):  # Conv1D(relu) → the mean over the days → Dense(1); its bias added after, as Keras adds it
         kernel, bias, w, b = p
         h = torch.nn.functional.conv1d(x.transpose(1, 2).contiguous(), kernel.permute(2, 1, 0)).transpose(1, 2)
         return torch.relu(h + bias).mean(dim=1) @ w + b
 
-    return {"har": har, "lstm": lstm, "conv1d": conv1d}[model]
+    return {"har": _dense, "lstm": lstm, "conv1d": conv1d}[model]
 
 
 def _jax_forward(model: str):
     """`forward(params, x)` of a `RAW` model in `jax.numpy`, its params in the Keras model's weight order."""
     import jax
     import jax.numpy as jnp
-
-    def har(p, x):
-        w, b = p
-        return x @ w + b
 
     def lstm(p, x):  # Keras's LSTMCell, one day a step of a lax.scan: the gates in Keras's order (i, f, c, o)
         kernel, recurrent, bias, w, b = p
@@ -79,7 +73,7 @@ def _jax_forward(model: str):
         h = jax.lax.conv_general_dilated(x, kernel, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
         return jnp.mean(jax.nn.relu(h + bias), axis=1) @ w + b
 
-    return {"har": har, "lstm": lstm, "conv1d": conv1d}[model]
+    return {"har": _dense, "lstm": lstm, "conv1d": conv1d}[model]
 
 
 def _torch_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):

@@ -11,11 +11,11 @@ spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and
 with no non-trainable variables (`stateless`) the objective's gradient in one graph, forward and backward together
 (`compiled_gradient`: `torch.func.grad` of the model's call under Keras's `StatelessScope`, the parameters' values
 in, their gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, Dropout) the
-batch loss in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update is compiled
-too (one kernel), and dynamo's guards are skipped once every batch shape is compiled (`guards_skipped`). It pays a
-one-off compile (seconds, reported apart) for a step faster than eager (docs/speed.md; the eager loop calls each
-layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is what the compiled graph leaves out anyway,
-and a plain LSTM as torch's own LSTM op, `_lstm`).
+batch loss in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update
+is compiled too (one kernel), and dynamo's guards are skipped once every batch shape is compiled
+(`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
+(docs/speed.md; the eager loop calls each layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is
+what the compiled graph leaves out anyway, and a plain LSTM as torch's own LSTM op, `_lstm`).
 """
 from __future__ import annotations
 
@@ -196,18 +196,27 @@ def _lstm(layer, x, training: bool):
     1.7 ms (its eager step in the bench, 3.0 -> 2.1 ms, 2.0× `fit`); oneDNN's fused LSTM takes 0.5 ms but rounds
     differently (4e-8 on the first forward), so it is left off."""
     cell = layer.cell
-    zeros = torch.zeros((1, x.shape[0], cell.units), dtype=x.dtype, device=x.device)
-    weights = (cell.kernel.value.t(), cell.recurrent_kernel.value.t())
-    if cell.use_bias:
-        weights += (cell.bias.value, torch.zeros_like(cell.bias.value))
-    with without_onednn():
-        outputs, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), weights, cell.use_bias, 1, 0.0, training,
+    outputs, last = lstm_op(x, cell.kernel.value, cell.recurrent_kernel.value,
+                            cell.bias.value if cell.use_bias else None, training)
+    return outputs if layer.return_sequences else last
+
+
+def lstm_op(x, kernel, recurrent_kernel, bias, training: bool):
+    """`(outputs, last output)` of torch's LSTM op on a Keras LSTM's weights (kernel (features, 4·units), recurrent
+    kernel (units, 4·units), the one bias or None), batch-major `x`, zero initial states, oneDNN off (`_lstm`; the
+    bench's floor calls it on raw tensors)."""
+    zeros = torch.zeros((1, x.shape[0], recurrent_kernel.shape[0]), dtype=x.dtype, device=x.device)
+    weights = (kernel.t(), recurrent_kernel.t())
+    if bias is not None:
+        weights += (bias, torch.zeros_like(bias))
+    with _without_onednn():
+        outputs, last, _ = torch.lstm(x.contiguous(), (zeros, zeros), weights, bias is not None, 1, 0.0, training,
                                       False, True)
-    return outputs if layer.return_sequences else last[0]
+    return outputs, last[0]
 
 
 @contextlib.contextmanager
-def without_onednn():
+def _without_onednn():
     """torch's CPU LSTM takes oneDNN's fused kernel when oneDNN is on (`torch.backends.mkldnn.enabled`), ATen's
     own cell when it is off: off for the call, as it was after it."""
     was = torch.backends.mkldnn.enabled
@@ -452,7 +461,7 @@ def stateless(model) -> bool:
 def compiled_gradient(model, loss_fn):
     """`backward(x, y, w) -> (loss, outputs)` for a `stateless` model, the gradients left in its variables' `.grad`
     for the optimizer: the objective's gradient with respect to the trainable variables' values, the forward and the
-    backward compiled in one graph (`torch.func.grad` of a call under Keras's `StatelessScope`, which maps each
+    backward compiled in one graph (`compiled_grad` of a call under Keras's `StatelessScope`, which maps each
     variable to the value given and collects the regularizers' losses; the model called as `fit` calls it, through
     its `__call__`). Compiling the loss alone and calling `backward` on it runs the compiled backward through
     autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/speed.md). Tested equal to
@@ -466,21 +475,34 @@ def compiled_gradient(model, loss_fn):
             outputs = model(keras_inputs(xb), training=True)
             losses = model.losses
         loss = loss_fn(yb, outputs, wb)
-        return (loss + sum(losses) if losses else loss), outputs
+        total = loss + sum(losses) if losses else loss
+        return total, (total, outputs)
 
-    gradient = fresh_losses(model, torch.compile(torch.func.grad_and_value(objective, has_aux=True), fullgraph=True))
-    params = [v.value for v in variables]  # the torch Parameters
+    gradient = fresh_losses(model, compiled_grad(objective, [v.value for v in variables]))
 
     def backward(xb, yb, wb):
         try:
-            grads, (loss, outputs) = gradient([p.detach() for p in params], xb, yb, wb)
+            return gradient(xb, yb, wb)
         except torch._dynamo.exc.Unsupported as err:
             reason = str(err).strip().splitlines()[0]
             raise SpecError(f"train(compile=True) takes this model's gradient in one graph, which its step breaks "
                             f"({reason}); train it with compile=False") from None
+
+    return backward
+
+
+def compiled_grad(fn, params: list[torch.Tensor]):
+    """`backward(*batch) -> aux` for `fn(values, *batch) -> (loss, aux)`: the loss's gradient with respect to the
+    values of `params`, forward and backward compiled in one graph (`torch.func.grad` under `torch.compile`, no graph
+    break allowed), put into each parameter's `.grad` for its optimizer. The torch loop's (`compiled_gradient`) and
+    the walk-forward's (`native.torch.many`)."""
+    gradient = torch.compile(torch.func.grad(fn, has_aux=True), fullgraph=True)
+
+    def backward(*batch):
+        grads, aux = gradient([p.detach() for p in params], *batch)
         for param, grad in zip(params, grads):
             param.grad = grad
-        return loss, outputs
+        return aux
 
     return backward
 

@@ -64,11 +64,12 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
 
     if compile:
         torch.compiler.reset()  # a fresh cache, as the torch loop's compile: never torch's recompile limit
-        gradient = torch.compile(torch.func.grad(batch_loss), fullgraph=True)
+        def with_loss(values, *batch):  # the loss twice: the gradient's and the aux (torch.func's aux is tensors)
+            loss = batch_loss(values, *batch)
+            return loss, loss
 
-        def backward(xb, yb, positions):  # the forward and its gradient in one graph: no autograd engine between
-            for p, g in zip(params, gradient([p.detach() for p in params], xb, yb, positions)):
-                p.grad = g
+        # the forward and its gradient in one graph: no autograd engine between them
+        backward = loop.compiled_grad(with_loss, params)
     else:
         def backward(xb, yb, positions):  # autograd, eager
             optimizer.zero_grad(set_to_none=True)
