@@ -40,12 +40,16 @@ bench: $(STAMP)
 walk-forward: $(STAMP)
 	$(BIN)/native-loops walk-forward
 
-# Engine-free tests once, then the engine tests in one pytest process per engine (the backend is fixed at
-# the first `import keras`). pytest exits 5 when it collects nothing, which fails the target.
+# Engine-free tests once, then the engine tests in one pytest run per engine (the backend is fixed at the first
+# `import keras`). Each run spreads its test files over TEST_JOBS pytest-xdist workers (a file stays on one worker,
+# so a module's fixture is computed once): most tests wait on processes they start (engine workers, launchers), and
+# one file at a time left half of a 2-core machine idle. pytest exits 5 when it collects nothing, which fails.
+TEST_JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 test: $(STAMP)
-	$(BIN)/python -m pytest tests/compare
+	$(PYTEST) tests/compare
 	for engine in $(ENGINES); do \
-		KERAS_BACKEND=$$engine $(BIN)/python -m pytest tests/keras_side tests/native || exit 1; \
+		KERAS_BACKEND=$$engine $(PYTEST) tests/keras_side tests/native || exit 1; \
 	done
 
 # pip's dry run of the install above for each platform we support (needs the package index; not in `make test`).
