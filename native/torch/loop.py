@@ -312,6 +312,24 @@ def _batch_mean(per_sample, loss):
     return mean
 
 
+def _probe(model, x) -> tuple:
+    """`(outputs, regularized)` from calls on a row that move no state: the outputs of an inference call (their
+    rank), and whether the model adds losses to the objective (its regularizers, an `add_loss`), asked after that
+    call and, when it made none, after a training call, since a layer may add a loss only while training, and `fit`
+    counts it. The training call runs in Keras's `StatelessScope`, which keeps what the call would update (BatchNorm's
+    statistics, a seed's state) to itself, with torch's generators forked: an unseeded Dropout draws from the global
+    one, which the run's masks then come from, as `fit`'s do."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        outputs = _forward(model, x, training=False)
+        if model.losses:
+            return outputs, True
+        forked = torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type)
+        with forked, keras.StatelessScope(collect_losses=True):
+            _forward(model, x, training=True)
+            return outputs, bool(model.losses)
+
+
 def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, sample_weight=None):
     """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss on the batch plus every loss the model adds
     (kernel, bias and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
@@ -349,9 +367,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     if saved and saved.saved:
         saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
     x, y = _tensors(data.x_train, device), _tensors(data.y_train, device)
-    with torch.no_grad():  # one inference call on a row (no state moves): the outputs' rank, any model losses
-        outputs = _forward(model, take(x, slice(0, 1)), training=False)
-        regularized = bool(model.losses)
+    outputs, regularized = _probe(model, take(x, slice(0, 1)))
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(y), as_tuple(outputs))))
     x_val, y_val = _tensors(data.x_val, device), _tensors(data.y_val, device)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
@@ -467,7 +483,9 @@ def compiled_gradient(model, loss_fn):
     autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/speed.md). Tested equal to
     the eager loop. The variables stay the `nn.Module`'s parameters that the optimizer steps. A step that cannot be
     one graph (a custom layer drawing unseeded random numbers, whose state the scope would not keep) is refused at
-    its first batch (`SpecError`): train it with `compile=False`."""
+    its first batch (`SpecError`): train it with `compile=False`. A variable the objective never reaches gets no
+    gradient (None, found by autograd at the first batch), as in `fit`, whose optimizer skips it: `torch.func.grad`
+    would give it zeros, which a weight decay would then shrink."""
     variables = model.trainable_variables
 
     def objective(values, xb, yb, wb):
@@ -479,16 +497,32 @@ def compiled_gradient(model, loss_fn):
         return total, (total, outputs)
 
     gradient = fresh_losses(model, compiled_grad(objective, [v.value for v in variables]))
+    unreached = None  # the variables autograd gives no gradient
 
     def backward(xb, yb, wb):
+        nonlocal unreached
+        if unreached is None:
+            unreached = _unreached(model, objective, variables, xb, yb, wb)
         try:
-            return gradient(xb, yb, wb)
+            aux = gradient(xb, yb, wb)
         except torch._dynamo.exc.Unsupported as err:
             reason = str(err).strip().splitlines()[0]
             raise SpecError(f"train(compile=True) takes this model's gradient in one graph, which its step breaks "
                             f"({reason}); train it with compile=False") from None
+        for param in unreached:
+            param.grad = None
+        return aux
 
     return backward
+
+
+def _unreached(model, objective, variables, xb, yb, wb) -> list[torch.Tensor]:
+    """The parameters of the variables the objective does not reach: autograd's None, on one eager call."""
+    values = [v.value.detach().requires_grad_() for v in variables]
+    model._clear_losses()
+    total, _ = objective(values, xb, yb, wb)
+    grads = torch.autograd.grad(total, values, allow_unused=True)
+    return [v.value for v, g in zip(variables, grads) if g is None]
 
 
 def compiled_grad(fn, params: list[torch.Tensor]):

@@ -655,3 +655,44 @@ def test_inputs_the_models_graph_would_adjust_go_through_the_model_whole():
     x = torch.ones(4)
     assert torch.equal(torch_loop._forward(model, x, training=False), model(x, training=False))
     assert torch_loop._as_declared(model, torch.ones((4, 1))) and not torch_loop._as_declared(model, x)
+
+
+def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
+    """`fit`'s optimizer skips a variable its loss never reaches (autograd gives it no gradient, so AdamW's decay
+    leaves it be), and counts a loss a layer adds only while training: the eager loop and the compiled gradient,
+    which would give that variable zeros (decayed), end where `fit` ends."""
+    import functools
+    import warnings
+
+    from compare.tolerances import ZOO_ATOL
+    from keras_side import fit
+
+    class Extra(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.unused = self.add_weight(shape=(2,), initializer="ones", name="unused")
+
+        def call(self, x, training=False):
+            if training:
+                self.add_loss(0.5 * keras.ops.sum(self.dense.kernel ** 2))
+            return self.dense(x)
+
+    cfg = TrainConfig(epochs=2, validate=False, batch_order="numpy", optimizer="adamw", weight_decay=0.1)
+    trained = {}
+    for name, train in [("fit", fit.train), ("eager", torch_loop.train),
+                        ("compiled", functools.partial(torch_loop.train, compile=True))]:
+        keras.backend.clear_session(free_memory=False)  # the same names each time
+        seed_everything(0)
+        model = Extra()
+        model(har.x_train[:2])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Gradients do not exist")  # fit's, about the unused variable
+            train(model, har, cfg)
+            trained[name] = {v.path: v.numpy() for v in model.weights}
+    assert torch_loop.stateless(model)
+    for name in ("eager", "compiled"):
+        assert list(trained[name]) == list(trained["fit"])
+        for path, want in trained["fit"].items():
+            np.testing.assert_allclose(trained[name][path], want, atol=ZOO_ATOL, rtol=0, err_msg=f"{name} {path}")
+    np.testing.assert_array_equal(trained["compiled"][next(p for p in trained["fit"] if "unused" in p)], [1, 1])
