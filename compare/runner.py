@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from compare import reference
+from compare.errors import NativeLoopsError
 from keras_side.backend import engine_environment, engine_installed
 from keras_side.config import HarData, interrupts_held
 from keras_side.spec import TrainConfig
@@ -40,7 +41,9 @@ STARTUP_LIMIT_S = 900.0
 # TensorFlow's `fit` is the slowest of the three engines on every zoo model (`native-loops bench --models all`), so its
 # worker, which computes on one thread, is a run's critical path: the other workers run at a lower priority, and take
 # what TensorFlow leaves of the cores. A warm `make compare`, five paired runs: 18.5 s on average, 17.6 s so.
-CRITICAL, BEHIND_NICE = "tensorflow", 10
+# Niceness ranks processes across the machine, not within a run: beside other busy jobs the niced workers wait on
+# those instead. NATIVE_LOOPS_NICE sets how much lower (0 to 19; `make test`, which runs two tests at a time: 0).
+CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
 MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.worker.MANY`)
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
@@ -139,8 +142,9 @@ class Pool:
         self.workers = {}
         try:
             with interrupts_held():  # an interrupt never lands between a worker's fork and this record of it
+                behind = behind_nice()
                 for engine in self.live:
-                    nice = BEHIND_NICE if CRITICAL in self.live and engine != CRITICAL else 0
+                    nice = behind if CRITICAL in self.live and engine != CRITICAL else 0
                     self.workers[engine] = Worker(engine, self.engine_folder(engine), env, nice=nice)
         except BaseException:  # a failed start, or an interrupt, half-way: stop the workers already started
             self.close(abort=True)
@@ -227,6 +231,15 @@ class Pool:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(abort=exc_type is not None)
+
+
+def behind_nice() -> int:
+    """How much lower the workers off the critical path run: NATIVE_LOOPS_NICE, or BEHIND_NICE."""
+    value = os.environ.get(NICE_VARIABLE, str(BEHIND_NICE))
+    if not (value.isdigit() and int(value) <= 19):
+        raise NativeLoopsError(f"{NICE_VARIABLE} must be a niceness from 0 to 19, got {value!r}; unset it for "
+                               f"{BEHIND_NICE}")
+    return int(value)
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from compare import cli, runner
+from compare.errors import NativeLoopsError
 from keras_side.config import interrupts_held
 
 PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]
@@ -343,9 +344,17 @@ def test_the_workers_off_the_critical_path_run_at_a_lower_priority(tmp_path, mon
     """#15: TensorFlow's worker is a run's critical path (`runner.CRITICAL`): the others are niced, so it keeps a core
     while they share the other; without TensorFlow every worker keeps the referee's priority."""
     monkeypatch.setattr(runner, "WORKER", ("-c", "import sys; sys.stdin.readline()"))  # waits for its exit request
+    monkeypatch.delenv(runner.NICE_VARIABLE, raising=False)  # `make test` sets 0: the default here
     base = os.getpriority(os.PRIO_PROCESS, 0)
     behind = min(base + runner.BEHIND_NICE, 19)
-    for engines, want in ((["torch", "jax", "tensorflow"], {"torch": behind, "jax": behind, "tensorflow": base}),
+    every = ["torch", "jax", "tensorflow"]
+    for engines, want in ((every, {"torch": behind, "jax": behind, "tensorflow": base}),
                           (["torch", "jax"], {"torch": base, "jax": base})):
         with runner.Pool(engines, tmp_path / "-".join(engines)) as pool:
             assert {e: os.getpriority(os.PRIO_PROCESS, w.proc.pid) for e, w in pool.workers.items()} == want
+    monkeypatch.setenv(runner.NICE_VARIABLE, "0")  # beside other busy jobs: no lower priority
+    with runner.Pool(every, tmp_path / "zero") as pool:
+        assert {os.getpriority(os.PRIO_PROCESS, w.proc.pid) for w in pool.workers.values()} == {base}
+    monkeypatch.setenv(runner.NICE_VARIABLE, "-5")
+    with pytest.raises(NativeLoopsError, match="NATIVE_LOOPS_NICE must be a niceness from 0 to 19, got '-5'"):
+        runner.Pool(every, tmp_path / "bad")
