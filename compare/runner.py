@@ -22,7 +22,7 @@ import numpy as np
 
 from compare import reference
 from compare.errors import NativeLoopsError
-from keras_side.backend import engine_environment, engine_installed
+from keras_side.backend import JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment
 from keras_side.config import HarData, interrupts_held
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
@@ -40,7 +40,8 @@ QUIET_LIMIT_S = 600.0
 STARTUP_LIMIT_S = 900.0
 # TensorFlow's `fit` is the slowest of the three engines on every zoo model (`native-loops bench --models all`), so its
 # worker, which computes on one thread, is a run's critical path: the other workers run at a lower priority, and take
-# what TensorFlow leaves of the cores. A warm `make compare`, five paired runs: 18.5 s on average, 17.6 s so.
+# what TensorFlow leaves of the cores. A warm `make compare`, five paired runs: 18.5 s on average, 17.6 s so (three
+# pairs a later round, with JAX's compile cache: 19.7 to 21.2 s, and 18.0 to 18.7 s so).
 # Niceness ranks processes across the machine, not within a run: beside other busy jobs the niced workers wait on
 # those instead. NATIVE_LOOPS_NICE sets how much lower (0 to 19; `make test`, which runs two tests at a time: 0).
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
@@ -51,11 +52,16 @@ HAR = ZOO["har"].build  # the model `compare` trains unless told another
 class Worker:
     """A live worker process for one engine; `ask` sends a request and yields its events."""
 
-    def __init__(self, engine: str, folder: Path, env: dict[str, str] | None = None, *, nice: int = 0):
+    def __init__(self, engine: str, folder: Path, env: dict[str, str] | None = None, *, nice: int = 0,
+                 compile_cache: bool = False):
         self.engine, self.folder = engine, folder
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
         env = engine_environment(engine) | {"XLA_FLAGS": XLA_ONE_THREAD} | (env or {})
+        if compile_cache:  # JAX loads what an earlier process compiled (keras_side.backend.jax_cache_environment)
+            env |= jax_cache_environment(env)
+        else:  # a run that times its compiles compiles
+            env.pop(JAX_CACHE_VARIABLE, None)
         # The caller's import path too: a user's `build_model` may live where only pytest put it on sys.path.
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] +
                                             [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -130,10 +136,13 @@ class Pool:
     """One live worker per engine, reused for every request: `pool.each(cmd, request_for)`.
 
     Engines that are not installed, or whose worker crashes or fails a request, land in `failed` with the reason;
-    later requests go only to the others.
+    later requests go only to the others. `compile_cache`: JAX loads what an earlier process compiled of the same
+    program (`keras_side.backend.jax_cache_environment`), for the runs that check what is computed; a run that times
+    its compiles leaves it off, and so compiles.
     """
 
-    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None):
+    def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None,
+                 compile_cache: bool = False):
         missing = {e: f"{e} is not installed; `make setup` installs every engine"
                    for e in engines if not engine_installed(e)}
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
@@ -145,7 +154,8 @@ class Pool:
                 behind = behind_nice()
                 for engine in self.live:
                     nice = behind if CRITICAL in self.live and engine != CRITICAL else 0
-                    self.workers[engine] = Worker(engine, self.engine_folder(engine), env, nice=nice)
+                    self.workers[engine] = Worker(engine, self.engine_folder(engine), env, nice=nice,
+                                                  compile_cache=compile_cache)
         except BaseException:  # a failed start, or an interrupt, half-way: stop the workers already started
             self.close(abort=True)
             raise
@@ -155,10 +165,11 @@ class Pool:
         return self.outcome.complete
 
     def each(self, cmd: str, request_for=lambda engine: {}, on_event=lambda engine, event: None, *,
-             only: list[str] | None = None, fail_engines: bool = True) -> dict[str, str]:
+             only: list[str] | None = None, fail_engines: bool = True, then=()) -> dict[str, str]:
         """Send `cmd` to every live worker (or those in `only`), `jobs` at a time; pass progress events to
-        `on_event`. Returns the errors of this request by engine. An engine whose request fails leaves the pool
-        when `fail_engines` (a compare run); one whose process died always does."""
+        `on_event`. `then`: more (cmd, request_for) that each worker is asked in turn once its request is done,
+        without waiting for the other workers. Returns the errors of these requests by engine. An engine whose
+        request fails leaves the pool when `fail_engines` (a compare run); one whose process died always does."""
         events: queue.Queue = queue.Queue()
         gate = threading.Semaphore(self.jobs)
         heard: dict[str, float] = {}  # engine -> when its request started or last sent an event
@@ -166,9 +177,14 @@ class Pool:
         def drive(engine: str):
             try:
                 with gate:
-                    heard[engine] = time.monotonic()
-                    for event in self.workers[engine].ask(cmd, request_for(engine)):
-                        events.put((engine, event))
+                    for asked, request in [(cmd, request_for), *then]:
+                        heard[engine] = time.monotonic()
+                        failed = False
+                        for event in self.workers[engine].ask(asked, request(engine)):
+                            events.put((engine, event))
+                            failed = event["event"] == "error"
+                        if failed:
+                            break
             except Exception as err:  # a runner bug must not hang the run: it fails this engine
                 events.put((engine, {"event": "error", "message": f"runner: {type(err).__name__}: {err}"}))
             finally:
@@ -257,7 +273,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
         x, y, weights = reference.fixed_batch(data.x_train, data.y_train, seed=cfg.seed)
         np.savez(batch_file, x=x, y=y, kernel=weights[0], bias=weights[1])
         np.savez(init_file, **{f"w_{i}": w for i, w in enumerate(initial_weights(data, cfg.seed))})
-    with Pool(engines, folder, jobs=jobs) as pool:
+    with Pool(engines, folder, jobs=jobs, compile_cache=True) as pool:
         for engine in [] if har else list(pool.live):  # the first engine that can build the model draws its start
             request = {"data": str(data_file), "build": build, "seed": cfg.seed, "init": str(init_file)}
             if not pool.each("init", lambda e: request, only=[engine]):
@@ -267,9 +283,10 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
         # The yardstick of seed_noise (the HAR once per seed, by the engines with a many-model trainer) is asked
         # with the training, so that it runs while the slowest engine (TensorFlow's fit) is still training.
         many = {"name": "seeds", "fit": False, "seeds": seeds} if har and seeds else None
-        pool.each("train", lambda e: train | ({"many": many} if many and e in MANY_ENGINES else {}), on_event)
-        if har:
-            pool.each("gradients", lambda e: {"batch": str(batch_file), "float64": float64})
+        # The HAR's gradients need no training: each worker takes them as soon as its own training is done.
+        gradients = [("gradients", lambda e: {"batch": str(batch_file), "float64": float64})] if har else []
+        pool.each("train", lambda e: train | ({"many": many} if many and e in MANY_ENGINES else {}), on_event,
+                  then=gradients)
         h5 = {p.stem.removesuffix(".weights"): str(p)
               for e in pool.live for p in pool.engine_folder(e).glob("*.weights.h5")}
         pool.each("cross_predict", lambda e: {"data": str(data_file), "weights": h5, "build": build})

@@ -77,7 +77,7 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
     request = {"models": models, "optimizers": optimizers, "data": files, "epochs": epochs, "seed": seed,
                "fast": fast}
     start = time.perf_counter()
-    with runner.Pool(engines, folder, jobs=1) as pool:
+    with runner.Pool(engines, folder, jobs=1, compile_cache=True) as pool:
         pool.each("zoo", lambda e: request, on_event)
     return {"tolerance": ZOO_ATOL, "history_tolerance": HISTORY_ATOL, "epochs": epochs, "rows": rows, "seed": seed,
             "versions": versions(), "seconds": time.perf_counter() - start, "cells": cells,

@@ -73,10 +73,32 @@ def installed_engines() -> list[str]:
     return [e for e in ENGINES if engine_installed(e)]
 
 
+def own_cache(name: str) -> Path:
+    """A folder of ours under the user's cache folder (XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "native-loops" / name
+
+
 def own_keras_home() -> Path:
     """A Keras config folder of ours, so that a stray `~/.keras/keras.json` never picks the engine."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "native-loops" / "keras"
+    return own_cache("keras")
+
+
+# JAX's persistent compilation cache (JAX's docs: "Persistent compilation cache"): what XLA compiled, kept on disk,
+# so that a later process compiling the same program loads it instead. JAX keys an entry on the program, the compile
+# options, the XLA flags, the versions and the device, so a hit is the executable a compile would give. Every
+# compile is kept: JAX keeps only those over a second unless told, and ours take 0.05 to 1 s. Past the size the
+# least recently used entries go, and with a size JAX also locks the folder, which our processes share.
+JAX_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+JAX_CACHE_MAX_BYTES = 256 * 2**20
+
+
+def jax_cache_environment(env=os.environ) -> dict[str, str]:
+    """The variables that give a JAX process our compilation cache (`own_cache("jax")`); none when the environment
+    sets JAX_COMPILATION_CACHE_DIR already (a folder of the user's, or empty for no cache)."""
+    if JAX_CACHE_VARIABLE in env:
+        return {}
+    return {JAX_CACHE_VARIABLE: str(own_cache("jax")), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(JAX_CACHE_MAX_BYTES)}
 
 
 def keras_defaults() -> None:

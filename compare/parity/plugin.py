@@ -44,7 +44,8 @@ def grad_parity_pool(tmp_path_factory):
 
     def get() -> runner.Pool:
         if not pools:
-            pools.append(runner.Pool(installed_engines(), tmp_path_factory.mktemp("grad-parity")))
+            pools.append(runner.Pool(installed_engines(), tmp_path_factory.mktemp("grad-parity"),
+                                     compile_cache=True))
         return pools[0]
 
     yield get

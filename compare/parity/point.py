@@ -75,7 +75,8 @@ def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
-        pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp)
+        pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp,
+                                   compile_cache=True)
         try:
             return _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp)
         finally:

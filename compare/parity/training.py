@@ -195,7 +195,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
     with tempfile.TemporaryDirectory(prefix="training-parity-") as tmp:
         tmp = Path(tmp)
         started = pool is None
-        pool = pool or runner.Pool(list(runs), tmp)
+        pool = pool or runner.Pool(list(runs), tmp, compile_cache=True)
         try:
             require_live(pool, runs)
             np.savez(tmp / "inputs.npz", n_inputs=len(xs), n_targets=len(ys), **{f"x{i}": a for i, a in enumerate(xs)},

@@ -30,5 +30,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["chatty"]:
         print("an engine's banner, printed to stdout before the protocol starts", flush=True)
     if sys.argv[1:] == ["hang-on-jax"] and worker.ENGINE == "jax":
-        worker.HANDLERS["gradients"] = lambda request, send: time.sleep(3600)  # a build_model that never returns
+        worker.HANDLERS["cross_predict"] = lambda request, send: time.sleep(3600)  # a build_model never returning
     worker.main()

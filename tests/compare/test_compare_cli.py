@@ -5,11 +5,14 @@ import io
 import json
 import os
 
+import numpy as np
 import pytest
 
 from compare import cli, runner
 from compare.errors import NativeLoopsError
-from keras_side.config import interrupts_held
+from keras_side.backend import JAX_CACHE_VARIABLE
+from keras_side.config import interrupts_held, load_trained
+from keras_side.spec import TrainConfig
 
 PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]
 
@@ -160,16 +163,16 @@ def test_a_killed_worker_is_named_with_its_signal(tmp_path, monkeypatch):
 def test_a_silent_worker_is_stopped_and_the_rest_checked(tmp_path, monkeypatch):
     """A hung engine or build_model cannot hang the run: the silent worker is killed and reported. The quiet limit
     counts from the worker's "ready" (its engine imported), so a slow start on a busy machine is not a silence, and
-    the short limit here applies to the gradients request only, where the planted hang is (the healthy engine's
-    takes milliseconds), so training on a busy machine cannot trip it: this passed with both cores busy (two
+    the short limit here applies to the cross-predictions request only, where the planted hang is (the healthy
+    engine's takes a tenth of a second), so training on a busy machine cannot trip it: this passed with both cores busy (two
     `yes > /dev/null` beside it) as it does alone."""
     each = runner.Pool.each
 
-    def short_limit_for_gradients(pool, cmd, *args, **kwargs):
-        pool.quiet_limit = 8.0 if cmd == "gradients" else runner.QUIET_LIMIT_S
+    def short_limit_for_predictions(pool, cmd, *args, **kwargs):
+        pool.quiet_limit = 8.0 if cmd == "cross_predict" else runner.QUIET_LIMIT_S
         return each(pool, cmd, *args, **kwargs)
 
-    monkeypatch.setattr(runner.Pool, "each", short_limit_for_gradients)
+    monkeypatch.setattr(runner.Pool, "each", short_limit_for_predictions)
     monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "hang-on-jax"))
     code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -358,3 +361,31 @@ def test_the_workers_off_the_critical_path_run_at_a_lower_priority(tmp_path, mon
     monkeypatch.setenv(runner.NICE_VARIABLE, "-5")
     with pytest.raises(NativeLoopsError, match="NATIVE_LOOPS_NICE must be a niceness from 0 to 19, got '-5'"):
         runner.Pool(every, tmp_path / "bad")
+
+
+def test_a_jax_worker_loads_what_an_earlier_one_compiled_and_ends_where_it_ended(tmp_path, monkeypatch, har):
+    """#15: compare's workers share JAX's persistent compilation cache (`keras_side.backend.jax_cache_environment`).
+    The first worker fills it, the second compiles nothing new (every program a hit) and trains to the same bits;
+    a pool that times its compiles (the default) gets no cache, even one the user's environment names."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    monkeypatch.delenv(JAX_CACHE_VARIABLE, raising=False)
+    cache = tmp_path / "home-cache" / "native-loops" / "jax"
+    har.save(tmp_path / "data.npz")
+    request = {"data": str(tmp_path / "data.npz"), "config": TrainConfig(epochs=2).to_dict(),
+               "build": "keras_side.models:har"}
+    trained, entries = [], []
+    for run in ("cold", "warm"):
+        with runner.Pool(["jax"], tmp_path / run, compile_cache=True) as pool:
+            assert pool.each("native_weights", lambda e: request | {"weights": str(tmp_path / f"{run}.npz")}) == {}
+        trained.append(load_trained(tmp_path / f"{run}.npz")[0])
+        entries.append(sorted(p.name for p in cache.glob("*-cache")))
+    assert entries[0] and entries[1] == entries[0]  # the warm worker wrote nothing: it compiled nothing
+    for cold, warm in zip(*trained, strict=True):
+        np.testing.assert_array_equal(cold, warm)
+    monkeypatch.setattr(runner, "WORKER", ("-c", f"import os, sys; sys.stdin.readline(); "
+                                                 f"print(os.environ.get({JAX_CACHE_VARIABLE!r}), file=sys.stderr)"))
+    monkeypatch.setenv(JAX_CACHE_VARIABLE, str(tmp_path / "users"))
+    for compile_cache, seen in ((False, "None"), (True, str(tmp_path / "users"))):
+        with runner.Pool(["jax"], tmp_path / f"env-{compile_cache}", compile_cache=compile_cache):
+            pass
+        assert (tmp_path / f"env-{compile_cache}" / "engines" / "jax" / "worker.log").read_text().strip() == seen

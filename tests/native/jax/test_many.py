@@ -97,6 +97,20 @@ def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
     check_each_seed_trains_as_alone(jax_many, scan_alone, panel, name)
 
 
+@pytest.mark.parametrize("n", [1, 2, 300, 2000])  # one row: no round; from 1,627 rows on (HAR: 2,900): two
+def test_the_seeds_orders_are_the_loops_own_bit_for_bit(n):
+    """`seed_orders` sorts jax.random's keys in NumPy: every order must be the one `loop.batch_orders` draws with
+    that seed (jax.random.permutation), seeds at the ends of uint32 too."""
+    seeds, cfg = [0, 7, 2**31, 2**32 - 1], TrainConfig(epochs=3)
+    got = jax_many.seed_orders(cfg, seeds, n)
+    assert got.shape == (len(seeds), cfg.epochs, n)
+    for order, seed in zip(got, seeds, strict=True):
+        np.testing.assert_array_equal(order, np.asarray(loop.batch_orders(cfg.replace(seed=seed), n)))
+    numpy = cfg.replace(batch_order="numpy")
+    np.testing.assert_array_equal(jax_many.seed_orders(numpy, seeds[:2], n)[1],
+                                  np.asarray(loop.batch_orders(numpy.replace(seed=7), n)))
+
+
 def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
     check_each_seed_trains_as_alone(jax_many, scan_alone, panel, "har", seeds=(1, 2), learning_rates=[0.003, 0.03])
 
