@@ -167,9 +167,9 @@ def seed_orders(cfg: TrainConfig, seeds, n: int) -> np.ndarray:
     """(seeds, epochs, n): the batch orders `loop.train` draws with each seed, bit for bit.
 
     `loop.batch_orders` draws an epoch's order with `jax.random.permutation`, which sorts the rows by fresh 32-bit
-    random keys, stably, in a few rounds. Here the same keys come from `jax.random` and NumPy does the sorts: XLA's
-    CPU sort of keys with their rows took 3.6 s for the 4,000 orders of compare's 100 seeds (most of JAX's share of
-    `make compare`), NumPy's stable sort of uint32 keys (a radix sort) 0.1 s. Tested equal to `loop.batch_orders`."""
+    random keys, stably, in a few rounds. Here the same keys come from `jax.random` and NumPy does the sorts: for
+    the 4,000 orders of compare's 100 seeds, XLA's CPU sort of keys with their rows took 3.6 s (a third of JAX's
+    share of `make compare`), this 1.4 s in all. Tested equal to `loop.batch_orders`."""
     if cfg.batch_order == "numpy":  # the orders NumPy draws for every engine
         return np.stack([np.asarray(loop.batch_orders(cfg.replace(seed=int(s)), n)) for s in seeds])
     # jax.random.permutation's rounds (jax._src.random._shuffle): enough that two rows share every key rarely.

@@ -164,8 +164,8 @@ def test_a_silent_worker_is_stopped_and_the_rest_checked(tmp_path, monkeypatch):
     """A hung engine or build_model cannot hang the run: the silent worker is killed and reported. The quiet limit
     counts from the worker's "ready" (its engine imported), so a slow start on a busy machine is not a silence, and
     the short limit here applies to the cross-predictions request only, where the planted hang is (the healthy
-    engine's takes a tenth of a second), so training on a busy machine cannot trip it: this passed with both cores busy (two
-    `yes > /dev/null` beside it) as it does alone."""
+    engine's takes a tenth of a second), so training on a busy machine cannot trip it: this passed with both cores
+    busy (two `yes > /dev/null` beside it) as it does alone."""
     each = runner.Pool.each
 
     def short_limit_for_predictions(pool, cmd, *args, **kwargs):
