@@ -12,7 +12,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from compare import commands
+from compare import commands, runner
 from compare import data as har_data
 from compare.errors import NativeLoopsError
 from compare.tolerances import SAME_ARITHMETIC_EPOCHS
@@ -225,6 +225,7 @@ def stop_handlers():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        runner.behind_nice()  # a bad NATIVE_LOOPS_NICE stops here, before any output
         with stop_handlers():
             return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:

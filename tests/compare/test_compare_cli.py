@@ -363,6 +363,15 @@ def test_the_workers_off_the_critical_path_run_at_a_lower_priority(tmp_path, mon
         runner.Pool(every, tmp_path / "bad")
 
 
+def test_a_bad_niceness_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(runner.NICE_VARIABLE, "ten")
+    assert cli.main(["compare", "--out", str(tmp_path / "run")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("native-loops: error: NATIVE_LOOPS_NICE must be a niceness from 0 to 19, got 'ten'; "
+                                 "unset it for 10\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_jax_worker_loads_what_an_earlier_one_compiled_and_ends_where_it_ended(tmp_path, monkeypatch, har):
     """#15: compare's workers share JAX's persistent compilation cache (`keras_side.backend.jax_cache_environment`).
     The first worker fills it, the second compiles nothing new (every program a hit) and trains to the same bits;
