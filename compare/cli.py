@@ -157,6 +157,7 @@ COMMANDS = {
     "seeds": commands.seeds,
     "sweep": commands.sweep,
 }
+IN_PROCESS = ("data", "models", "train")  # the commands that start no workers (NATIVE_LOOPS_NICE is theirs)
 
 
 class Terminated(BaseException):
@@ -225,7 +226,8 @@ def stop_handlers():
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        runner.behind_nice()  # a bad NATIVE_LOOPS_NICE stops here, before any output
+        if args.command not in IN_PROCESS:  # a bad NATIVE_LOOPS_NICE stops here, before any output
+            runner.behind_nice()
         with stop_handlers():
             return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:

@@ -177,16 +177,16 @@ def seed_orders(cfg: TrainConfig, seeds, n: int) -> np.ndarray:
     orders = np.empty((len(seeds), cfg.epochs, n), np.int32)
     for i, seed in enumerate(seeds):
         order = np.broadcast_to(np.arange(n, dtype=np.int32), (cfg.epochs, n))
-        for keys in np.asarray(_sort_keys(jnp.uint32(seed), cfg.epochs, n, rounds)):
+        for keys in np.asarray(_sort_keys(jax.random.key(int(seed)), cfg.epochs, n, rounds)):
             order = np.take_along_axis(order, np.argsort(keys, axis=-1, kind="stable"), axis=-1)
         orders[i] = order
     return orders
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _sort_keys(seed, epochs: int, n: int, rounds: int) -> jax.Array:
+def _sort_keys(key, epochs: int, n: int, rounds: int) -> jax.Array:
     """(rounds, epochs, n): the keys `jax.random.permutation(k, n)` sorts by in each round, for every epoch's key
-    k of `loop.batch_orders` with this seed."""
+    k of `loop.batch_orders` with this seed's `key`."""
     def of_epoch(key):
         keys = []
         for _ in range(rounds):
@@ -194,7 +194,7 @@ def _sort_keys(seed, epochs: int, n: int, rounds: int) -> jax.Array:
             keys.append(jax.random.bits(subkey, (n,), jnp.uint32))
         return jnp.stack(keys) if keys else jnp.zeros((0, n), jnp.uint32)
 
-    return jnp.moveaxis(jax.vmap(of_epoch)(jax.random.split(jax.random.key(seed), epochs)), 1, 0)
+    return jnp.moveaxis(jax.vmap(of_epoch)(jax.random.split(key, epochs)), 1, 0)
 
 
 def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_rates=None) -> dict:

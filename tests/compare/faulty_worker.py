@@ -29,6 +29,12 @@ if __name__ == "__main__":
         worker.HANDLERS["gradients"] = lambda request, send: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1:] == ["chatty"]:
         print("an engine's banner, printed to stdout before the protocol starts", flush=True)
+    if sys.argv[1:] == ["train-fails-on-torch"]:
+        if worker.ENGINE == "torch":
+            worker.HANDLERS["train"] = lambda request, send: 1 / 0
+        gradients = worker.HANDLERS["gradients"]
+        worker.HANDLERS["gradients"] = lambda request, send: print("gradients asked", file=sys.stderr) or gradients(
+            request, send)
     if sys.argv[1:] == ["hang-on-jax"] and worker.ENGINE == "jax":
         worker.HANDLERS["cross_predict"] = lambda request, send: time.sleep(3600)  # a build_model never returning
     worker.main()

@@ -152,6 +152,18 @@ def test_a_line_printed_before_the_protocol_is_not_an_event(tmp_path, monkeypatc
     assert code == 0 and report["incomplete"] == []
 
 
+def test_a_worker_whose_training_fails_is_asked_nothing_after_it(tmp_path, monkeypatch):
+    """The gradients follow each worker's own training (`Pool.each(..., then=...)`): not after a failed one."""
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "train-fails-on-torch"))
+    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert code == 3 and {i["engine"]: i["reason"] for i in report["incomplete"]} == {
+        "torch": "ZeroDivisionError: division by zero"}
+    logs = {e: (tmp_path / "run" / "engines" / e / "worker.log").read_text() for e in ("torch", "jax")}
+    assert "gradients asked" not in logs["torch"] and "gradients asked" in logs["jax"]
+    assert any(c["name"] == "gradient_formula/jax" and c["passed"] for c in report["checks"])
+
+
 def test_a_killed_worker_is_named_with_its_signal(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "killed-on-torch"))
     code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
@@ -382,13 +394,16 @@ def test_a_jax_worker_loads_what_an_earlier_one_compiled_and_ends_where_it_ended
     har.save(tmp_path / "data.npz")
     request = {"data": str(tmp_path / "data.npz"), "config": TrainConfig(epochs=2).to_dict(),
                "build": "keras_side.models:har"}
-    trained, entries = [], []
+    trained, entries, read = [], [], []
     for run in ("cold", "warm"):
         with runner.Pool(["jax"], tmp_path / run, compile_cache=True) as pool:
             assert pool.each("native_weights", lambda e: request | {"weights": str(tmp_path / f"{run}.npz")}) == {}
         trained.append(load_trained(tmp_path / f"{run}.npz")[0])
         entries.append(sorted(p.name for p in cache.glob("*-cache")))
-    assert entries[0] and entries[1] == entries[0]  # the warm worker wrote nothing: it compiled nothing
+        read.append({p.name: p.read_bytes() for p in cache.glob("*-atime")})  # JAX stamps an entry when it loads it
+    assert entries[0] and entries[1] == entries[0]  # the warm worker wrote nothing new
+    assert sorted(read[1]) == sorted(read[0]) and all(read[1][k] != read[0][k] for k in read[0])  # and loaded each
+    assert "compilation cache" not in (tmp_path / "warm" / "engines" / "jax" / "worker.log").read_text()  # no error
     for cold, warm in zip(*trained, strict=True):
         np.testing.assert_array_equal(cold, warm)
     monkeypatch.setattr(runner, "WORKER", ("-c", f"import os, sys; sys.stdin.readline(); "

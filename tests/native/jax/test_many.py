@@ -97,11 +97,12 @@ def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
     check_each_seed_trains_as_alone(jax_many, scan_alone, panel, name)
 
 
-@pytest.mark.parametrize("n", [1, 2, 300, 2000])  # one row: no round; from 1,627 rows on (HAR: 2,900): two
+@pytest.mark.parametrize("n", [1, 2, 300, 2000])  # one row: no round; from 1,626 rows on (HAR: 2,900): two
 def test_the_seeds_orders_are_the_loops_own_bit_for_bit(n):
     """`seed_orders` sorts jax.random's keys in NumPy: every order must be the one `loop.batch_orders` draws with
-    that seed (jax.random.permutation), seeds at the ends of uint32 too."""
-    seeds, cfg = [0, 7, 2**31, 2**32 - 1], TrainConfig(epochs=3)
+    that seed (jax.random.permutation), seeds at the ends of uint32 and past it too (a run's seed near 2**32 gives
+    many-model seeds beyond)."""
+    seeds, cfg = [0, 7, 2**31, 2**32 - 1, 2**32 + 3], TrainConfig(epochs=3)
     got = jax_many.seed_orders(cfg, seeds, n)
     assert got.shape == (len(seeds), cfg.epochs, n)
     for order, seed in zip(got, seeds, strict=True):
