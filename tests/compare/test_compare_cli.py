@@ -121,10 +121,16 @@ def test_same_arithmetic_stays_within_an_engine_for_a_model_that_draws():
     assert all(c.passed and c.value == 0 and "engine draws its own random numbers" in c.note for c in grouped)
 
 
+def faulty_run(tmp_path, monkeypatch, mode: str, engines: str):
+    """`compare --quick` on `engines` with workers that misbehave on purpose (`tests/compare/faulty_worker.py`, `mode`):
+    its exit code and report."""
+    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", mode))
+    code = cli.main(["compare", "--engines", engines, "--quick", "--out", str(tmp_path / "run")])
+    return code, json.loads((tmp_path / "run" / "report.json").read_text())
+
+
 def test_an_injected_wrong_gradient_fails_the_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "wrong-gradients"))
-    code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "wrong-gradients", "jax")
     failed = [c["name"] for c in report["checks"] if not c["passed"]]
     assert code == 1 and failed == ["gradient_formula/jax"]
     assert "✗" in capsys.readouterr().out
@@ -132,9 +138,7 @@ def test_an_injected_wrong_gradient_fails_the_run(tmp_path, monkeypatch, capsys)
 
 def test_a_missing_engine_is_reported_and_the_rest_checked(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "engine_installed", lambda engine: engine != "tensorflow")
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "crash-on-torch"))
-    code = cli.main(["compare", "--engines", "torch,jax,tensorflow", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "crash-on-torch", "torch,jax,tensorflow")
     reasons = {i["engine"]: i["reason"] for i in report["incomplete"]}
     assert code == 3
     assert "tensorflow is not installed" in reasons["tensorflow"]
@@ -146,17 +150,13 @@ def test_a_missing_engine_is_reported_and_the_rest_checked(tmp_path, monkeypatch
 def test_a_line_printed_before_the_protocol_is_not_an_event(tmp_path, monkeypatch):
     """A library that prints to stdout while the worker imports it (before the worker takes stdout for its events)
     does not break the run."""
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "chatty"))
-    code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "chatty", "jax")
     assert code == 0 and report["incomplete"] == []
 
 
 def test_a_worker_whose_training_fails_is_asked_nothing_after_it(tmp_path, monkeypatch):
     """The gradients follow each worker's own training (`Pool.each(..., then=...)`): not after a failed one."""
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "train-fails-on-torch"))
-    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "train-fails-on-torch", "torch,jax")
     assert code == 3 and {i["engine"]: i["reason"] for i in report["incomplete"]} == {
         "torch": "ZeroDivisionError: division by zero"}
     logs = {e: (tmp_path / "run" / "engines" / e / "worker.log").read_text() for e in ("torch", "jax")}
@@ -165,9 +165,7 @@ def test_a_worker_whose_training_fails_is_asked_nothing_after_it(tmp_path, monke
 
 
 def test_a_killed_worker_is_named_with_its_signal(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "killed-on-torch"))
-    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "killed-on-torch", "torch,jax")
     assert code == 3 and {i["engine"]: i["reason"] for i in report["incomplete"]} == {
         "torch": "worker killed by signal 9 (SIGKILL)"}
 
@@ -185,9 +183,7 @@ def test_a_silent_worker_is_stopped_and_the_rest_checked(tmp_path, monkeypatch):
         return each(pool, cmd, *args, **kwargs)
 
     monkeypatch.setattr(runner.Pool, "each", short_limit_for_predictions)
-    monkeypatch.setattr(runner, "WORKER", ("-m", "tests.compare.faulty_worker", "hang-on-jax"))
-    code = cli.main(["compare", "--engines", "torch,jax", "--quick", "--out", str(tmp_path / "run")])
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    code, report = faulty_run(tmp_path, monkeypatch, "hang-on-jax", "torch,jax")
     reasons = {i["engine"]: i["reason"] for i in report["incomplete"]}
     assert code == 3 and list(reasons) == ["jax"]
     assert "sent nothing for 8 s and was stopped" in reasons["jax"]
