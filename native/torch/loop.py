@@ -312,14 +312,13 @@ def _batch_mean(per_sample, loss):
     return mean
 
 
-def _probe(model, x) -> tuple:
-    """`(outputs, regularized)` from calls on a row that move no state: the outputs of an inference call (their
-    rank), and whether the model adds losses to the objective (its regularizers, an `add_loss`), asked after that
-    call and, when it made none, after a training call, since a layer may add a loss only while training, and `fit`
-    counts it. The training call runs in Keras's `StatelessScope`, which keeps what the call would update (BatchNorm's
-    statistics, a seed's state) to itself, with torch's generators forked: an unseeded Dropout draws from the global
-    one, which the run's masks then come from, as `fit`'s do."""
-    device = next(model.parameters()).device
+def _probe(model, x, device) -> tuple:
+    """`(outputs, regularized)` from calls on a row `x` (on the model's `device`) that move no state: the outputs of
+    an inference call (their rank), and whether the model adds losses to the objective (its regularizers, an
+    `add_loss`), asked after that call and, when it made none, after a training call, since a layer may add a loss
+    only while training, and `fit` counts it. The training call runs in Keras's `StatelessScope`, which keeps what
+    the call would update (BatchNorm's statistics, a seed's state) to itself, with torch's generators forked: an
+    unseeded Dropout draws from the global one, which the run's masks then come from, as `fit`'s do."""
     with torch.no_grad():
         outputs = _forward(model, x, training=False)
         if model.losses:
@@ -367,7 +366,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     if saved and saved.saved:
         saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
     x, y = _tensors(data.x_train, device), _tensors(data.y_train, device)
-    outputs, regularized = _probe(model, take(x, slice(0, 1)))
+    outputs, regularized = _probe(model, take(x, slice(0, 1)), device)
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(y), as_tuple(outputs))))
     x_val, y_val = _tensors(data.x_val, device), _tensors(data.y_val, device)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
