@@ -40,9 +40,8 @@ QUIET_LIMIT_S = 600.0
 STARTUP_LIMIT_S = 900.0
 # TensorFlow's `fit` is the slowest of the three engines on every zoo model (`native-loops bench --models all`), so its
 # worker, which computes on one thread, has the most to do: the other workers run at a lower priority, and take what
-# TensorFlow leaves of the cores. A warm `make compare`, five paired runs: 18.5 s on average, 17.6 s so. A later round
-# (JAX's compile cache), where torch's worker ends last: three pairs, 19.7 to 21.2 s, and 18.0 to 18.7 s so; niced JAX
-# alone, 19.9 to 21.2 s against 18.1 to 20.7 s so.
+# TensorFlow leaves of the cores. Measured in paired runs of a warm `make compare`, twice (docs/compare.md): faster so
+# than with no niceness, or with JAX's worker alone niced.
 # Niceness ranks processes across the machine, not within a run: beside other busy jobs the niced workers wait on
 # those instead. NATIVE_LOOPS_NICE sets how much lower (0 to 19; `make test`, which runs two tests at a time: 0).
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
