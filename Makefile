@@ -43,10 +43,11 @@ walk-forward: $(STAMP)
 # Engine-free tests once, then the engine tests in one pytest run per engine (the backend is fixed at the first
 # `import keras`). Each run spreads its test files over TEST_JOBS pytest-xdist workers (a file stays on one worker,
 # so a module's fixture is computed once): most tests wait on processes they start (engine workers, launchers), and
-# one file at a time left half of a 2-core machine idle. Two tests at a time, a run's workers keep their priority
-# (NATIVE_LOOPS_NICE=0: docs/compare.md). pytest exits 5 when it collects nothing, which fails the target.
+# one file at a time left half of a 2-core machine idle. The files go out longest first (tests/conftest.py keeps
+# that order: --no-loadscope-reorder). Two tests at a time, a run's workers keep their priority (NATIVE_LOOPS_NICE=0:
+# docs/compare.md). pytest exits 5 when it collects nothing, which fails the target.
 TEST_JOBS ?= 2
-PYTEST := NATIVE_LOOPS_NICE=0 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+PYTEST := NATIVE_LOOPS_NICE=0 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PYTEST) tests/compare
 	for engine in $(ENGINES); do \
