@@ -24,11 +24,13 @@ from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 
 
-def _data_options(p: argparse.ArgumentParser, asset_help: str = "asset to model (default: %(default)s)",
+def _data_options(p: argparse.ArgumentParser, asset_help: str = f"asset to model (default: {har_data.DEFAULT_ASSET})",
                   asset_default: str | None = har_data.DEFAULT_ASSET, validation: bool = True) -> None:
     p.add_argument("--data", metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, rv_5min); "
                    "default: the embedded synthetic panel")
-    p.add_argument("--asset", default=asset_default, help=asset_help)
+    # None when left out (main fills in asset_default), so that a command can tell a user's --asset from the default
+    p.add_argument("--asset", default=None, help=asset_help)
+    p.set_defaults(asset_default=asset_default)
     p.add_argument("--split", default=har_data.DEFAULT_SPLIT, help="first test day (default: %(default)s)")
     p.add_argument("--end", default=None, help="last test day (default: the last day of the data)")
     if validation:
@@ -225,6 +227,8 @@ def stop_handlers():
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if hasattr(args, "asset_default"):
+        args.asset_given, args.asset = args.asset is not None, args.asset or args.asset_default
     try:
         if args.command not in IN_PROCESS:  # a bad NATIVE_LOOPS_NICE stops here, before any output
             runner.behind_nice()

@@ -21,7 +21,7 @@ from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, write_json
 from keras_side.backend import keras_defaults, use_backend
-from keras_side.config import ENGINES, versions
+from keras_side.config import ENGINES, HarData, versions
 from keras_side.spec import TrainConfig
 
 
@@ -126,6 +126,16 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_data(args: argparse.Namespace, panel, source: str, entry) -> HarData:
+    """The data set --model trains on: --asset's, split by --split/--end/--validation, or every asset's for the panel
+    model, which has no use for --asset (given, it is an error rather than ignored)."""
+    if entry.data == "panel" and args.asset_given:
+        raise NativeLoopsError(f"--model {args.model} trains on every asset of the panel, so --asset {args.asset!r} "
+                               "would be ignored; leave --asset out")
+    return har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
+                                 validation=args.validation, source=source)
+
+
 def prepare_har(args: argparse.Namespace, panel, source: str):
     """The HAR data set of --asset, split by --split/--end/--validation, and its OLS on the same training rows."""
     prepared = har_data.prepare(panel, asset=args.asset, split=args.split, end=args.end, validation=args.validation,
@@ -192,8 +202,7 @@ def compare(args: argparse.Namespace) -> int:
     if har:
         prepared, ols = prepare_har(args, panel, source)
     else:  # the OLS checks are the HAR's: another model has no known answer
-        prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
-                                         validation=args.validation, source=source)
+        prepared = model_data(args, panel, source, entry)
         ols = None
     check_epochs(cfg, prepared.n_train)
     out = Path(args.out) if args.out else default_out()
@@ -362,8 +371,7 @@ def distributed(args: argparse.Namespace) -> int:
                                "pass --engines jax")
     cfg = train_config(args).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)
-    prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
-                                     validation=args.validation, source=source)
+    prepared = model_data(args, panel, source, entry)
     check_epochs(cfg, prepared.n_train)
     # With the HAR, JAX's walk-forward across processes too: every refit of every asset, the model axis over them
     windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end).model_inputs() \
@@ -400,8 +408,7 @@ def seeds(args: argparse.Namespace) -> int:
     entry, har = zoo_matrix.ZOO[args.model], args.model == "har"
     cfg = train_config(args).replace(**({} if har else entry.spec))
     panel, source = load(args)
-    prepared = har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
-                                     validation=args.validation, source=source)
+    prepared = model_data(args, panel, source, entry)
     check_models(cfg, prepared.n_train, args.seeds, "--seeds or --epochs")
     plan, notes = seed_plan(engines, entry.draws, args.seeds, cfg.seed)
     out = Path(args.out) if args.out else default_out()

@@ -85,6 +85,11 @@ TRAINING_CASES = [
     (["bench", "--epochs", "30000"], "more than the 50,000,000 held in memory"),
     (["walk-forward", "--epochs", "100000000"], "the walk-forward draws every epoch's key up front; ask for at most "
                                                 "10,000,000 epochs"),
+    # the panel model trains on every asset: a user's --asset (even the default's name) is refused, not ignored
+    (["compare", "--model", "panel", "--asset", "indice"], "--model panel trains on every asset of the panel, so "
+                                                           "--asset 'indice' would be ignored; leave --asset out"),
+    (["seeds", "--model", "panel", "--asset", "oro"], "--model panel trains on every asset of the panel"),
+    (["distributed", "--model", "panel", "--asset", "oro"], "--model panel trains on every asset of the panel"),
 ]
 
 
