@@ -4,6 +4,8 @@ import contextlib
 import io
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -413,3 +415,33 @@ def test_a_jax_worker_loads_what_an_earlier_one_compiled_and_ends_where_it_ended
         with runner.Pool(["jax"], tmp_path / f"env-{compile_cache}", compile_cache=compile_cache):
             pass
         assert (tmp_path / f"env-{compile_cache}" / "engines" / "jax" / "worker.log").read_text().strip() == seen
+
+
+def test_a_cache_entry_cut_short_is_dropped_so_jax_writes_again(tmp_path, monkeypatch):
+    """An entry whose process stopped before its access time was written (`backend.drop_cut_short`) makes JAX fail
+    every later write (FileNotFoundError on its -atime, a warning, the cache no longer grows); the cache's
+    environment drops it first and keeps the whole entries, and a JAX process then writes its own."""
+    from keras_side import backend
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(JAX_CACHE_VARIABLE, raising=False)
+    cache = backend.own_cache("jax")
+    cache.mkdir(parents=True)
+    for name in ("whole-cache", "whole-atime", "cut-cache"):
+        (cache / name).write_bytes(bytes(8))
+    program = "import jax, jax.numpy as jnp; print(jax.jit(lambda x: jnp.sin(x) * 3.25)(jnp.ones(3)).sum())"
+
+    def jax_process(env):
+        proc = subprocess.run([sys.executable, "-c", program], env={**os.environ, **env}, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stderr
+
+    with monkeypatch.context() as undropped:  # the control: as JAX leaves the folder
+        undropped.setattr(backend, "drop_cut_short", lambda folder: [])
+        assert "Error writing persistent compilation cache" in jax_process(backend.jax_cache_environment())
+    assert not list(cache.glob("jit_*"))
+    env = backend.jax_cache_environment()
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["whole-atime", "whole-cache"]
+    assert "compilation cache" not in jax_process(env)
+    assert len(list(cache.glob("jit_*-cache"))) == len(list(cache.glob("jit_*-atime"))) > 0
