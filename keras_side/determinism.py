@@ -1,7 +1,11 @@
 """One call that makes a training run repeat bit for bit: `seed_everything(seed)` right before a model is built."""
 from __future__ import annotations
 
+import random
+import sys
+
 import keras
+import numpy as np
 
 # The HAR is 4 weights and 128-row batches: thread pools cost more than they give, and one thread makes every
 # float reduction run in one order whatever the machine's core count.
@@ -15,8 +19,11 @@ def seed_everything(seed: int, threads: int = THREADS) -> None:
     fixed thread pools (only possible before TensorFlow starts its runtime; later calls keep what it has).
     JAX on CPU is deterministic already; its thread count is set by XLA_FLAGS before the process starts.
     """
-    keras.utils.set_random_seed(seed)
     backend = keras.config.backend()
+    if backend == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+    else:
+        _keras_seed_without_tensorflow(seed, backend)
     if backend == "torch":
         import torch
 
@@ -31,3 +38,24 @@ def seed_everything(seed: int, threads: int = THREADS) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(threads)
         except RuntimeError:  # the runtime is already running: its pools are fixed for the process
             pass
+
+
+def _keras_seed_without_tensorflow(seed: int, backend: str) -> None:
+    """`keras.utils.set_random_seed` (Keras 3.15.1's, step for step: tested) but for its `tf.random.set_seed`, for
+    which it imports TensorFlow whenever TensorFlow is installed, whatever the backend (for tf.data pipelines, it
+    says). A torch or JAX process of ours has no TensorFlow in it, and the import cost each one ~3 s of CPU and
+    ~400 MB; a process that has imported TensorFlow gets Keras's own call."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
+
+    if not isinstance(seed, int):
+        raise ValueError(f"Expected `seed` argument to be an integer. Received: seed={seed} (of type {type(seed)})")
+    global_state.set_global_attribute(GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)  # keras.random's unseeded draws start afresh
+    random.seed(seed)
+    np.random.seed(seed)
+    if backend == "torch":
+        import torch
+
+        torch.manual_seed(seed)
