@@ -44,8 +44,16 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing or mistyped option) in our one-line form: argparse prints its usage first."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"native-loops: error: {message}; see `{self.prog} --help`\n")
+        sys.exit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="native-loops", description=__doc__.splitlines()[0])
+    top = _Parser(prog="native-loops", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("data", help="write the synthetic panel and summarize a data set")
@@ -226,7 +234,10 @@ def stop_handlers():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0), or argparse's one-line error (2): returned, as every other outcome
+        return stop.code
     if hasattr(args, "asset_default"):
         args.asset_given, args.asset = args.asset is not None, args.asset or args.asset_default
     try:

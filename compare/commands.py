@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
@@ -38,8 +39,13 @@ def check_seed(seed: int) -> int:
 
 def data(args: argparse.Namespace) -> int:
     check_seed(args.seed)
+    if args.asset_given:
+        raise NativeLoopsError(f"data summarizes every asset, so --asset {args.asset!r} would be ignored; leave it out")
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
+    if args.out is not None and Path(args.out).suffix != ".parquet":
+        raise NativeLoopsError(f"--out {args.out!r}: the panel is written as parquet; give a file name ending in "
+                               ".parquet")
     if args.out and Path(args.out).exists():
         raise NativeLoopsError(f"--out {args.out!r} already exists; choose a new file (nothing is overwritten)")
     panel, source = load(args, seed=args.seed)
@@ -106,6 +112,8 @@ CHECKPOINTED = ("torch-native", "torch-native-compile", "torch-native-engine", "
 
 def train(args: argparse.Namespace) -> int:
     path, cfg = paths.get(args.path), train_config(args)
+    if args.checkpoint == "":
+        raise NativeLoopsError("--checkpoint '' names no folder; give the folder to write the checkpoints in")
     if args.resume and not args.checkpoint:
         raise NativeLoopsError("--resume goes on from the checkpoints in --checkpoint DIR; give that folder")
     if args.checkpoint and path.name not in CHECKPOINTED:
@@ -290,8 +298,10 @@ def walk_forward(args: argparse.Namespace) -> int:
     panel, source = load(args)
     known = sorted(panel["activo"].unique())
     assets = parse_names(args.assets, known, "asset")  # unknown or repeated assets stop here
-    if args.devices < 1:
-        raise NativeLoopsError(f"--devices must be at least 1, got {args.devices}")
+    cores = os.cpu_count() or 1
+    if not 1 <= args.devices <= max(2, cores):  # the default, 2, even on one core
+        raise NativeLoopsError(f"--devices must be between 1 and {max(2, cores)} (on CPU, XLA makes that many devices "
+                               f"of this machine's {cores} cores), got {args.devices}")
     if args.fit_refits < 0:
         raise NativeLoopsError(f"--fit-refits must be 0 or more, got {args.fit_refits}")
     if args.asset is not None and args.asset not in assets:
@@ -302,6 +312,9 @@ def walk_forward(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--epochs {cfg.epochs:,}: the walk-forward draws every epoch's key up front; ask for "
                                f"at most {MAX_WALK_EPOCHS:,} epochs")
     windows = walk.build_windows(panel, assets, args.split, args.end)
+    if args.fit_refits > windows.n_models:
+        raise NativeLoopsError(f"--fit-refits {args.fit_refits:,}: there are {windows.n_models:,} refits to time; ask "
+                               "for at most that many")
     out = Path(args.out) if args.out else default_out()
     with atomic_folder(out) as tmp:
         engines = [e for e in ("jax", "torch") if runner.engine_installed(e)]
@@ -331,9 +344,14 @@ def zoo(args: argparse.Namespace) -> int:
     if args.rows is not None and args.rows < 1:
         raise NativeLoopsError(f"--rows must be at least 1, got {args.rows}")
     panel, source = load(args)
-    for kind in {zoo_matrix.ZOO[m].data for m in models}:  # bad --asset/--split/--end stop here, before any worker
-        har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
-                              validation=args.validation)
+    kinds = {zoo_matrix.ZOO[m].data for m in models}
+    if args.asset_given and kinds == {"panel"}:
+        raise NativeLoopsError(f"--models {args.models} trains on every asset of the panel, so --asset {args.asset!r} "
+                               "would be ignored; leave --asset out")
+    for kind in kinds:  # bad --asset/--split/--end, or too many --epochs, stop here, before any worker
+        prepared = har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
+                                         validation=args.validation)
+        check_epochs(cfg, min(prepared.n_train, args.rows or prepared.n_train))
     out = Path(args.out) if args.out else default_out()
     cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e, args.fast_paths)) for e in engines)
     with atomic_folder(out) as tmp, report.cell_progress(cells) as on_cell:
@@ -466,7 +484,7 @@ def parse_numbers(text: str, kind, what: str) -> list:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or not all(np.isfinite(v) and v > 0 for v in values):
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):  # math: a Python int of any size
         raise NativeLoopsError(f"--{what} takes a comma-separated list of positive {kind.__name__}s, got {text!r}")
     if len(set(values)) < len(values):
         raise NativeLoopsError(f"--{what} names a value more than once, got {text!r}; give each once")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,11 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         raise HarDataError("the data has its columns but no rows; pass a file with the panel's days")
     frame = frame[list(COLUMNS)].copy()
+    for col in ("fecha", "activo"):  # an empty date or asset would be read as NaT or 'nan', as if a real one
+        empty = frame[col].isna().to_numpy() | (frame[col].astype(str).str.strip() == "").to_numpy()
+        if empty.any():
+            raise HarDataError(f"column {col!r} has {int(empty.sum())} empty value(s) (the first in data row "
+                               f"{int(np.argmax(empty)) + 1}); every row needs its date and its asset")
     frame["fecha"] = _calendar_days(frame["fecha"])
     frame["activo"] = frame["activo"].astype(str)
     for col in ("rendimiento", "rv_5min"):
@@ -98,7 +104,9 @@ def _calendar_days(values: pd.Series) -> pd.Series:
     across a daylight-saving change), some with a zone and some without, or in several formats, are read one by
     one."""
     try:
-        dates = pd.to_datetime(values)
+        with warnings.catch_warnings():  # "Could not infer format": pandas then reads each value alone, as we want
+            warnings.simplefilter("ignore", UserWarning)
+            dates = pd.to_datetime(values)
     except (ValueError, TypeError):  # several offsets, or formats pandas does not infer from the first value
         try:
             dates = pd.Series([pd.Timestamp(v).tz_localize(None) for v in values], index=values.index)
@@ -164,7 +172,7 @@ def of_asset(asset: str, fn, *args):
     try:
         return fn(*args)
     except HarDataError as err:
-        named = str(err) if str(err).startswith(f"asset {asset!r}") else f"asset {asset!r}: {err}"
+        named = str(err) if str(err).startswith((f"asset {asset!r}", "--")) else f"asset {asset!r}: {err}"
         raise HarDataError(named) from None
 
 
@@ -192,10 +200,14 @@ def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end"
 
 
 def _date(text: str, flag: str) -> pd.Timestamp:
+    """A calendar day: not empty or NaT, without a time zone (the panel's days have none), in years 1 to 9999."""
     try:
-        return pd.Timestamp(text)
-    except (ValueError, TypeError):
-        raise HarDataError(f"{flag} {text!r} is not a date; write it as YYYY-MM-DD") from None
+        day = pd.Timestamp(text)
+    except (ValueError, TypeError, OverflowError):
+        day = pd.NaT
+    if pd.isna(day) or day.tzinfo is not None or not 1 <= day.year <= 9999:
+        raise HarDataError(f"{flag} {text!r} is not a date; write it as YYYY-MM-DD")
+    return day
 
 
 def standardize(

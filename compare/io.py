@@ -37,6 +37,8 @@ def _temp_beside(path: Path) -> Path:
     """A new, empty temporary file beside `path`; one line naming the problem when there can be none."""
     if path.is_dir():
         raise NativeLoopsError(f"{str(path)!r} is a folder; name a file to write")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise NativeLoopsError(f"{str(path.parent)!r} is a file, not a folder; choose another path")
     if not path.parent.is_dir():
         raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another path")
     try:

@@ -95,7 +95,7 @@ class Checkpoints:
         self.saved = None
         if found and not resume:
             raise CheckpointError(f"{self.root} holds the checkpoints of a run (epoch {found[-1][0]}); pass resume "
-                                  "to continue it, or give an empty folder")
+                                  "(--resume) to continue it, or give an empty folder")
         if found:
             self.saved = self._read(*found[-1])
 

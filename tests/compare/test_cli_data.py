@@ -23,6 +23,10 @@ def files(tmp_path_factory, panel):
     infinite.loc[30, "rv_5min"] = np.inf
     constant = good.copy()
     constant.loc[constant["activo"] == "oro", "rv_5min"] = 1e-4
+    no_date, no_asset = good.copy(), good.copy()
+    no_date["fecha"] = no_date["fecha"].astype(object)
+    no_date.loc[[9, 12], "fecha"] = None  # read as NaT, a date of its own, until they were refused
+    no_asset.loc[5, "activo"] = None
     (folder / "garbage.parquet").write_bytes(b"this is not parquet")
     return {
         "good": write("good.parquet", good),
@@ -33,6 +37,8 @@ def files(tmp_path_factory, panel):
         "duplicates": write("dup.parquet", good.iloc[list(range(100)) + [7]]),
         "infinite": write("infinite.parquet", infinite),
         "constant": write("constant.parquet", constant),
+        "no_date": write("no_date.parquet", no_date),
+        "no_asset": write("no_asset.parquet", no_asset),
     }
 
 
@@ -49,6 +55,13 @@ CASES = [
     (["--data", "good", "--split", "1999-01-01"], "split date 1999-01-01 is outside the data"),
     (["--data", "good", "--split", "2009-03-01"], "training (before the validation year) rows (need at least 50)"),
     (["--data", "good", "--split", "someday"], "--split 'someday' is not a date"),
+    (["--data", "no_date"], "column 'fecha' has 2 empty value(s) (the first in data row 10); every row needs its date"),
+    (["--data", "no_asset"], "column 'activo' has 1 empty value(s) (the first in data row 6)"),
+    # values pandas reads as a Timestamp but not as a calendar day: empty or NaT, with a time zone, year -1
+    (["--split", ""], "--split '' is not a date; write it as YYYY-MM-DD"),
+    (["--end", "nan"], "--end 'nan' is not a date"),
+    (["--split", "2018-01-01T00:00+05:00"], "--split '2018-01-01T00:00+05:00' is not a date"),
+    (["--split=-1"], "--split '-1' is not a date"),
 ]
 
 
@@ -72,7 +85,7 @@ TRAINING_CASES = [
     (["bench", "--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got -1"),
     (["walk-forward", "--epochs", "0"], "--epochs must be at least 1"),
     (["walk-forward", "--fit-refits", "-1"], "--fit-refits must be 0 or more, got -1"),
-    (["walk-forward", "--devices", "0"], "--devices must be at least 1, got 0"),
+    (["walk-forward", "--devices", "0"], "--devices must be between 1 and "),
     (["walk-forward", "--assets", "bono", "--asset", "oro"], "--asset 'oro' is not among the walk-forward's assets"),
     (["compare", "--model", "resnet"], "unknown model 'resnet'; --model takes one of har, har_recent"),
     (["compare", "--quick", "--epochs", "0"], "--quick runs 5 epochs, so it cannot take --epochs"),
@@ -90,6 +103,18 @@ TRAINING_CASES = [
                                                            "--asset 'indice' would be ignored; leave --asset out"),
     (["seeds", "--model", "panel", "--asset", "oro"], "--model panel trains on every asset of the panel"),
     (["distributed", "--model", "panel", "--asset", "oro"], "--model panel trains on every asset of the panel"),
+    (["zoo", "--models", "panel", "--asset", "oro"], "--models panel trains on every asset of the panel"),
+    (["data", "--asset", "oro"], "data summarizes every asset, so --asset 'oro' would be ignored"),
+    (["zoo", "--models", "har", "--epochs", "1000000000"], "ask for at most 22,094 epochs"),
+    (["sweep", "--batch-sizes", "9" * 23], f"--batch-sizes {'9' * 23}: larger than the 2,263 training rows"),
+    (["walk-forward", "--fit-refits", "10000"], "--fit-refits 10,000: there are 582 refits to time"),
+    (["walk-forward", "--devices", "100000"], "of this machine's"),
+    (["train", "--path", "jax-native", "--checkpoint", ""], "--checkpoint '' names no folder"),
+    (["data", "--out", "panel.csv"], "the panel is written as parquet; give a file name ending in .parquet"),
+    # argparse's own errors, in the same one line
+    (["train", "--path", "jax-native", "--epochs", "abc"], "argument --epochs: invalid int value: 'abc'; see "
+                                                           "`native-loops train --help`"),
+    (["compare", "--bogus"], "unrecognized arguments: --bogus"),
 ]
 
 
