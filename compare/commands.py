@@ -40,7 +40,7 @@ def check_seed(seed: int) -> int:
 def data(args: argparse.Namespace) -> int:
     check_seed(args.seed)
     if args.asset_given:
-        raise NativeLoopsError(f"data summarizes every asset, so --asset {args.asset!r} would be ignored; leave it out")
+        refuse_asset(args, "data summarizes every asset")
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
     if args.out is not None and Path(args.out).suffix != ".parquet":
@@ -134,12 +134,16 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_asset(args: argparse.Namespace, why: str):
+    """A user's --asset that the command would ignore is an error, not ignored."""
+    raise NativeLoopsError(f"{why}, so --asset {args.asset!r} would be ignored; leave --asset out")
+
+
 def model_data(args: argparse.Namespace, panel, source: str, entry) -> HarData:
     """The data set --model trains on: --asset's, split by --split/--end/--validation, or every asset's for the panel
-    model, which has no use for --asset (given, it is an error rather than ignored)."""
+    model, which has no use for --asset."""
     if entry.data == "panel" and args.asset_given:
-        raise NativeLoopsError(f"--model {args.model} trains on every asset of the panel, so --asset {args.asset!r} "
-                               "would be ignored; leave --asset out")
+        refuse_asset(args, f"--model {args.model} trains on every asset of the panel")
     return har_data.prepare_kind(panel, entry.data, asset=args.asset, split=args.split, end=args.end,
                                  validation=args.validation, source=source)
 
@@ -299,9 +303,10 @@ def walk_forward(args: argparse.Namespace) -> int:
     known = sorted(panel["activo"].unique())
     assets = parse_names(args.assets, known, "asset")  # unknown or repeated assets stop here
     cores = os.cpu_count() or 1
-    if not 1 <= args.devices <= max(2, cores):  # the default, 2, even on one core
-        raise NativeLoopsError(f"--devices must be between 1 and {max(2, cores)} (on CPU, XLA makes that many devices "
-                               f"of this machine's {cores} cores), got {args.devices}")
+    most = max(2, cores)  # the default, 2, even on one core
+    if not 1 <= args.devices <= most:
+        raise NativeLoopsError(f"--devices must be between 1 and {most} (on CPU, XLA makes that many devices of this "
+                               f"machine's {cores} cores), got {args.devices}")
     if args.fit_refits < 0:
         raise NativeLoopsError(f"--fit-refits must be 0 or more, got {args.fit_refits}")
     if args.asset is not None and args.asset not in assets:
@@ -346,8 +351,7 @@ def zoo(args: argparse.Namespace) -> int:
     panel, source = load(args)
     kinds = {zoo_matrix.ZOO[m].data for m in models}
     if args.asset_given and kinds == {"panel"}:
-        raise NativeLoopsError(f"--models {args.models} trains on every asset of the panel, so --asset {args.asset!r} "
-                               "would be ignored; leave --asset out")
+        refuse_asset(args, f"--models {args.models} trains on every asset of the panel")
     for kind in kinds:  # bad --asset/--split/--end, or too many --epochs, stop here, before any worker
         prepared = har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
                                          validation=args.validation)

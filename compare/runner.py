@@ -58,9 +58,9 @@ class Worker:
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
         env = engine_environment(engine) | {"XLA_FLAGS": XLA_ONE_THREAD} | (env or {})
-        if compile_cache:  # JAX loads what an earlier process compiled (keras_side.backend.jax_cache_environment)
+        if engine == "jax" and compile_cache:  # it loads what an earlier process compiled (jax_cache_environment)
             env |= jax_cache_environment(env)
-        else:  # a run that times its compiles compiles
+        elif engine == "jax":  # a run that times its compiles compiles
             env.pop(JAX_CACHE_VARIABLE, None)
         # The caller's import path too: a user's `build_model` may live where only pytest put it on sys.path.
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] +

@@ -98,24 +98,22 @@ def jax_cache_environment(env=os.environ) -> dict[str, str]:
     the user's, or empty for no cache)."""
     if JAX_CACHE_VARIABLE in env:
         return {}
-    drop_cut_short(own_cache("jax"))
-    return {JAX_CACHE_VARIABLE: str(own_cache("jax")), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    folder = own_cache("jax")
+    drop_cut_short(folder)
+    return {JAX_CACHE_VARIABLE: str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_COMPILATION_CACHE_MAX_SIZE": str(JAX_CACHE_MAX_BYTES)}
 
 
-def drop_cut_short(folder: Path) -> list[str]:
-    """Delete the cache entries that a process stopped while writing; return their names. JAX (0.10.2,
+def drop_cut_short(folder: Path) -> None:
+    """Delete the cache entries that a process stopped while writing. JAX (0.10.2,
     `jax._src.lru_cache`) writes an entry in place, then its access time beside it (`<key>-atime`), so an entry
     without one was cut short (Ctrl-C between the two writes, a kill during the first): it may be truncated (a
     warning and a compile each time it is read), and JAX's eviction, which reads every entry's access time, then
     fails every later write (a warning; the cache no longer grows). A process writing one right now loses only
     that entry."""
-    dropped = []
     for entry in folder.glob("*-cache"):
         if not entry.with_name(entry.name.removesuffix("-cache") + "-atime").exists():
             entry.unlink(missing_ok=True)
-            dropped.append(entry.name)
-    return dropped
 
 
 def keras_defaults() -> None:

@@ -438,7 +438,7 @@ def test_a_cache_entry_cut_short_is_dropped_so_jax_writes_again(tmp_path, monkey
         return proc.stderr
 
     with monkeypatch.context() as undropped:  # the control: as JAX leaves the folder
-        undropped.setattr(backend, "drop_cut_short", lambda folder: [])
+        undropped.setattr(backend, "drop_cut_short", lambda folder: None)
         assert "Error writing persistent compilation cache" in jax_process(backend.jax_cache_environment())
     assert not list(cache.glob("jit_*"))
     env = backend.jax_cache_environment()
