@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help (0), or argparse's one-line error (2): returned, as every other outcome
         return stop.code
     if hasattr(args, "asset_default"):
-        args.asset_given, args.asset = args.asset is not None, args.asset or args.asset_default
+        args.asset_given = args.asset is not None
+        args.asset = args.asset if args.asset_given else args.asset_default
     try:
         if args.command not in IN_PROCESS:  # a bad NATIVE_LOOPS_NICE stops here, before any output
             runner.behind_nice()

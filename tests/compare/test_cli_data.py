@@ -105,6 +105,7 @@ TRAINING_CASES = [
     (["distributed", "--model", "panel", "--asset", "oro"], "--model panel trains on every asset of the panel"),
     (["zoo", "--models", "panel", "--asset", "oro"], "--models panel trains on every asset of the panel"),
     (["data", "--asset", "oro"], "data summarizes every asset, so --asset 'oro' would be ignored"),
+    (["train", "--path", "jax-native", "--asset", ""], "unknown asset ''"),  # not the default asset in its place
     (["zoo", "--models", "har", "--epochs", "1000000000"], "ask for at most 22,094 epochs"),
     (["sweep", "--batch-sizes", "9" * 23], f"--batch-sizes {'9' * 23}: larger than the 2,263 training rows"),
     (["walk-forward", "--fit-refits", "10000"], "--fit-refits 10,000: there are 582 refits to time"),
