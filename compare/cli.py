@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 from compare import commands, runner
@@ -183,6 +185,8 @@ def _stop(signum, frame):
     """The first Ctrl-C or SIGTERM stops the run where it is. The next one does not cut that stopping short (workers
     killed and waited for, temporary folders removed: cut short, it would leave a worker or a half-written folder
     behind); it says what is going on. The one after that quits at once, whatever is left."""
+    if _inside(_swallowed, frame):  # raised in the hook, Python would drop it for good: sent again, later
+        return _swallowed.pending.put(signum)
     for stop in STOPS:
         signal.signal(stop, _stopping)
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
@@ -197,23 +201,37 @@ def _stopping(signum, frame):
         os._exit(130 if signum == signal.SIGINT else 143)
 
 
-REDELIVER_S = 0.05  # not a limit on anything: how long a dropped stop waits to be sent again, after the hook returns
+REDELIVER_S = 0.05  # not a limit on anything: a stop sent again lands wherever the main thread is by then
 
 
 def _swallowed(unraisable) -> None:
     """`sys.unraisablehook` while a command runs. A signal that lands while Python runs a garbage-collection
     callback or a `__del__` (JAX registers a gc callback) raises `_stop`'s exception there, where Python prints it
-    and drops it: the stop would be lost, and the run would go on. Deliver that signal again, from a thread, a moment
-    later (after this hook has returned), so that the main thread takes it where it is next; should that be another
-    such callback, this hook takes it again."""
+    and drops it: the stop would be lost, and the run would go on. `_send_again`'s thread sends that signal again,
+    so that the main thread takes it where it is next. Should that be another such callback, this hook takes it
+    again; should it be this hook itself (a busy machine can keep the main thread here for a while), `_stop` hands
+    it back rather than raise it here, where nothing would take it. Neither waits for anything: `SimpleQueue.put`
+    is the one call Python makes safe inside a signal handler that interrupts it."""
     if not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
         return _swallowed.previous(unraisable)
     for stop in STOPS:  # still the first press: the stop never happened
         signal.signal(stop, _stop)
-    signum = signal.SIGINT if isinstance(unraisable.exc_value, KeyboardInterrupt) else signal.SIGTERM
-    again = threading.Timer(REDELIVER_S, os.kill, args=(os.getpid(), signum))
-    again.daemon = True  # a process that ends first needs it no more
-    again.start()
+    _swallowed.pending.put(signal.SIGINT if isinstance(unraisable.exc_value, KeyboardInterrupt) else signal.SIGTERM)
+
+
+def _send_again(pending: queue.SimpleQueue) -> None:
+    """The thread behind `_swallowed`: each signal put in `pending` is sent to this process again, REDELIVER_S later,
+    until None."""
+    while (signum := pending.get()) is not None:
+        time.sleep(REDELIVER_S)
+        os.kill(os.getpid(), signum)
+
+
+def _inside(function, frame) -> bool:
+    """Whether `frame` runs in a call of `function`, however deep."""
+    while frame is not None and frame.f_code is not function.__code__:
+        frame = frame.f_back
+    return frame is not None
 
 
 @contextmanager
@@ -223,14 +241,21 @@ def stop_handlers():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _swallowed.pending = queue.SimpleQueue()
+    again = threading.Thread(target=_send_again, args=(_swallowed.pending,), name="native-loops-stops", daemon=True)
+    again.start()
     previous = {s: signal.signal(s, _stop) for s in STOPS}
     _stopping.presses, _swallowed.previous, sys.unraisablehook = 0, sys.unraisablehook, _swallowed
     try:
         yield
     finally:
-        sys.unraisablehook = _swallowed.previous
-        for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
-            signal.signal(stop, handler)
+        try:  # a stop still to be sent again reaches these handlers, not the caller's
+            _swallowed.pending.put(None)
+            again.join()
+        finally:
+            sys.unraisablehook = _swallowed.previous
+            for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
+                signal.signal(stop, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
