@@ -11,9 +11,11 @@ applies the same update. Each shard's loss is weighted by its share of the globa
 average of the processes' gradients is the gradient of the global batch's mean loss even when the short last batch
 does not split evenly: the same step as one process, up to float32 rounding (`tests/native/torch/test_ddp.py`).
 
-Weight penalties (kernel and bias regularizers) are added whole on every rank, and the average counts them once;
-an activity regularizer is a mean over each rank's own rows, so with uneven shards it is weighed as each rank's
-Keras layer weighs it (within the tolerance, not exact).
+The penalties in `model.losses` are weighted the same way. An activity regularizer is, in Keras, a mean over the
+rows its layer sees: each rank's shard, weighted by its share, becomes the global batch's mean. A weight penalty
+(kernel, bias) is the same on every rank, and the shares add up to `world`, so the average counts it once. Measured
+on `mlp_l2` after 2 epochs in batches of 100 (the last one split 32/31): 8.9e-8 from one process, where adding the
+penalties unweighted, each rank's activity mean as if its shard were half the batch, ends 5.8e-6 away.
 
 BatchNorm: Keras on torch holds a BatchNormalization's moving statistics as Parameters without gradients, which DDP
 neither averages nor broadcasts, so left alone each rank would normalize by its own shard's moments and move its own
@@ -111,10 +113,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
         for rows in batch_slices(data.n_train, cfg.batch_size):
             mine = order[rows][shard(slice(0, rows.stop - rows.start), rank, world)]
             xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
-            outputs = ddp(keras_inputs(xb), training=True)
-            weight = len(mine) * world / (rows.stop - rows.start)  # this shard's share of the global batch's mean
-            loss = loss_fn(keras_inputs(yb), outputs) * weight
-            loss = loss + sum(model.losses) if model.losses else loss
+            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / (rows.stop - rows.start))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here
             if clip:
@@ -123,6 +122,14 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
             if scheduler:
                 scheduler.step()
     return model.get_weights()
+
+
+def shard_loss(forward, model, loss_fn, xb, yb, share: float):
+    """A rank's loss: the mean loss of its rows plus the model's penalties, times `share` (its rows over the global
+    batch's, times `world`), so that the ranks' average gradient is the global batch's (see above). `forward` is
+    the model, or DDP around it."""
+    loss = loss_fn(keras_inputs(yb), forward(keras_inputs(xb), training=True))
+    return (loss + sum(model.losses) if model.losses else loss) * share
 
 
 def launch(processes: int, data: Path, out: Path, config: dict, build: str = "keras_side.models:har", *,

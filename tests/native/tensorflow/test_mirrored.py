@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from compare.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import load_trained, whole_batches
+from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
+from keras_side.config import load_trained, shard, take, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
@@ -42,6 +42,31 @@ def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
+def test_the_replicas_summed_gradient_is_the_global_batchs_penalties_included(har):
+    """What the strategy computes, in one process: each replica's `shard_loss` on an uneven split (3 rows over 2
+    replicas: 2 and 1), its gradient, summed over the replicas as Keras's optimizer sums them. It equals the gradient
+    of the whole batch's loss on `mlp_l2`: the kernel penalty counted once, the activity penalty (in Keras a mean over
+    the rows its layer sees) the batch's mean. `tf.nn.scale_regularization_loss`'s / replicas in place of the rows
+    would weigh the two replicas' activity means equally (fails: checked)."""
+    import tensorflow as tf
+
+    seed_everything(0)
+    model = resolve("keras_side.models:mlp_l2")()
+    summed = mirrored.summed_loss(TrainConfig())
+    rows, replicas = np.array([10, 500, 1200]), 2
+    x, y = (tf.constant(take(a, rows)) for a in (har.x_train, har.y_train))
+    total = [tf.zeros_like(v) for v in model.trainable_variables]
+    for replica in range(replicas):
+        mine = shard(slice(0, len(rows)), replica, replicas)
+        with tf.GradientTape() as tape:
+            loss = mirrored.shard_loss(model, summed, x[mine], y[mine], tf.constant(3.0))
+        total = [t + g for t, g in zip(total, tape.gradient(loss, model.trainable_variables), strict=True)]
+    with tf.GradientTape() as tape:
+        whole = summed(y, model(x, training=True)) / 3.0 + tf.add_n(model.losses)
+    for t, w in zip(total, tape.gradient(whole, model.trainable_variables), strict=True):
+        np.testing.assert_allclose(t.numpy(), w.numpy(), rtol=PARITY_RTOL, atol=PARITY_ATOL)
 
 
 def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_path):
