@@ -67,6 +67,9 @@ def atomic_folder(path: str | Path):
     """
     path = Path(path)
     made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise NativeLoopsError(f"--out {str(path)!r}: {str(blocking)!r} is a file, not a folder; choose another path")
     lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -158,12 +158,15 @@ def test_data_command_writes_and_summarizes(tmp_path, capsys):
 
 
 def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
-    """Under a file, or in /proc: one line, exit 2, before any work; `bench --json` finds out before benchmarking."""
+    """Under a file (named as such, however deep), or in /proc: one line, exit 2, before any work; `bench --json`
+    finds out before benchmarking."""
     (tmp_path / "file").write_text("")
-    for args in (["compare", "--out", str(tmp_path / "file" / "run")], ["bench", "--json", "/proc/bench.json"]):
+    for args, message in ((["compare", "--out", str(tmp_path / "file" / "run")], "/file' is a file, not a folder"),
+                          (["seeds", "--out", str(tmp_path / "file" / "a" / "run")], "/file' is a file, not a folder"),
+                          (["bench", "--json", "/proc/bench.json"], "choose a writable")):
         assert cli.main(args) == 2
         err = capsys.readouterr().err
-        assert err.startswith("native-loops: error: ") and "choose a writable" in err and err.count("\n") == 1
+        assert err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1, err
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
