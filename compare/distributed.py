@@ -9,7 +9,8 @@ batch axis sharded over one device per process, joined by jax.distributed); Tens
 is the engine's plain native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes
 when every weight is within DATA_PARALLEL_ATOL of the one-process run's. Where Keras has a distribution API of its
 own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for torch in Keras 3.15.1), `fit` under
-it over N devices against plain `fit` too: `data_parallel/keras-<engine>`, on training rows cut to whole batches
+it over N devices against plain `fit` (in the same worker as the one-process run) too: `data_parallel/keras-<engine>`,
+on training rows cut to whole batches
 (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven one otherwise:
 docs/distributed.md). Throughput is training samples per second of training (the launch, the imports and the join
 not counted; compiles counted, in both), measured in this run, never asserted.
@@ -101,10 +102,18 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
     found, incomplete, notes = {}, {}, []
-    with runner.Pool(engines, folder, jobs=1) as pool:
+    fits = fit_engines(engines, cfg, processes, notes) if fit else []
+    if fits:  # Keras's sharded fit takes whole batches only: both sides train on the rows that make them
+        whole_batches(data, cfg.batch_size, processes).save(folder / "whole.npz")
+    with runner.Pool(engines, folder, jobs=1) as pool:  # one request at a time: each timing has the machine
         request = {"data": str(folder / "data.npz"), "config": config, "build": build}
         pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-1.npz")}, on_event)
         incomplete |= pool.failed
+        # plain fit on one device, the baseline of fit under Keras's distribution, by the worker already running
+        failed = pool.each("native_weights", lambda e: {**request, "data": str(folder / "whole.npz"), "fit": True,
+                                                        "weights": str(folder / f"keras-{e}-1.npz")},
+                           on_event, only=[e for e in fits if e not in incomplete], fail_engines=False)
+        incomplete |= {f"keras-{e}": f"fit on 1 device: {message}" for e, message in failed.items()}
     samples = cfg.epochs * data.n_train
     for engine in [e for e in engines if e not in incomplete]:
         one, one_seconds = load_trained(folder / f"{engine}-1.npz")
@@ -128,9 +137,9 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
                          "launch_seconds": wall}
-    fits = [e for e in engines if e in FIT_RUNTIMES and e not in incomplete] if fit else []
+    fits = [e for e in fits if e not in incomplete and f"keras-{e}" not in incomplete]
     if fits:
-        found |= _fit_checks(data, cfg, fits, processes, folder, config, build, incomplete, notes, on_event)
+        found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
         found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
@@ -139,36 +148,41 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
 
 
-def _fit_checks(data: HarData, cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict,
-                build: str, incomplete: dict, notes: list, on_event) -> dict:
-    """`fit` under Keras's distribution over `processes` devices against plain `fit`, per engine, on whole batches."""
+def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: list) -> list[str]:
+    """The engines whose `fit` runs under a distribution of Keras's own; none, with a note, when a batch does not
+    split evenly over the devices (Keras shards every batch evenly)."""
     if cfg.batch_size % processes:
         notes.append(f"fit under Keras's distribution not checked: Keras shards every batch evenly, and a batch of "
                      f"{cfg.batch_size} rows does not split over {processes} devices")
-        return {}
-    whole = whole_batches(data, cfg.batch_size, processes)
-    whole.save(folder / "whole.npz")
-    samples, found = cfg.epochs * whole.n_train, {}
+        return []
+    return [e for e in engines if e in FIT_RUNTIMES]
+
+
+def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict, build: str,
+                incomplete: dict, on_event) -> dict:
+    """`fit` under Keras's distribution over `processes` devices against plain `fit` (the worker's, already in
+    `keras-<engine>-1.npz`), per engine, on the whole batches of `whole.npz`."""
+    whole, found = HarData.load(folder / "whole.npz"), {}
+    samples = cfg.epochs * whole.n_train
     for engine in engines:
-        runs = {}
-        for count in dict.fromkeys((1, processes)):
-            out = folder / f"keras-{engine}-{count}.npz"
-            on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train", "epoch": 0,
+        runs = {"1": load_trained(folder / f"keras-{engine}-1.npz")}
+        if processes > 1:
+            out = folder / f"keras-{engine}-{processes}.npz"
+            on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train", "epoch": 0,
                               "epochs": cfg.epochs})
-            launched = _launch(engine, count, folder / "whole.npz", out, config, build, fit=True)
+            launched = _launch(engine, processes, folder / "whole.npz", out, config, build, fit=True)
             if launched.returncode != 0:
-                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {count} device(s)", f"{out.stem}.log")
-                break
-            runs[str(count)] = load_trained(out)
-            on_event(engine, {"event": "progress", "path": f"fit, {count} device(s)", "stage": "train",
+                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {processes} devices", f"{out.stem}.log")
+                continue
+            runs[str(processes)] = load_trained(out)
+            on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train",
                               "epoch": cfg.epochs, "epochs": cfg.epochs})
-        else:
-            gap = _gap(runs["1"][0], runs[str(processes)][0])
-            found[f"keras-{engine}"] = {
-                "check": f"data_parallel/keras-{engine}", "runtime": FIT_RUNTIMES[engine], "gap": gap,
-                "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
-                "seconds": {c: s for c, (_, s) in runs.items()},
-                "samples_per_s": {c: samples / s for c, (_, s) in runs.items()}, "training_rows": whole.n_train}
+        gap = _gap(runs["1"][0], runs[str(processes)][0])
+        found[f"keras-{engine}"] = {
+            "check": f"data_parallel/keras-{engine}", "runtime": FIT_RUNTIMES[engine], "gap": gap,
+            "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
+            "seconds": {c: s for c, (_, s) in runs.items()},
+            "samples_per_s": {c: samples / s for c, (_, s) in runs.items()}, "training_rows": whole.n_train}
     return found
 
 

@@ -73,6 +73,26 @@ def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch)
         assert logged in (tmp_path / "run" / f"{engine}-2.log").read_text()
 
 
+def test_a_fit_that_fails_in_the_worker_is_named_and_the_native_check_still_runs(tmp_path, monkeypatch):
+    """Plain fit on one device, the baseline of fit under Keras's distribution, runs in the engine's worker. A model
+    that fit refuses (already compiled) leaves `keras-jax` incomplete with the worker's reason, exit 3, and the
+    native check, on the same worker, still passes."""
+    from dataclasses import replace
+
+    from compare import commands
+    from keras_side import zoo
+
+    monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:compiled_har"))
+    monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
+    code = cli.main(["distributed", "--engines", "jax", "--processes", "1", "--epochs", "1", "--out",
+                     str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "distributed.json").read_text())
+    assert code == 3 and list(report["incomplete"]) == ["keras-jax"], report
+    assert report["incomplete"]["keras-jax"].startswith("fit on 1 device: ") and "already compiled" in \
+        report["incomplete"]["keras-jax"]
+    assert list(report["engines"]) == ["jax"] and report["engines"]["jax"]["passed"]
+
+
 def _without_one_process_faults(run):
     """The worker's one-process run builds in process 0 (never 'the second'), so the planted builder is harmless
     there; the walk-forward (HAR only) is left out to keep the test short."""
@@ -120,12 +140,13 @@ def test_a_torchrun_failure_lists_every_rank_that_failed(other, named):
     assert named in line and line.endswith("; output: torch-2.log in the run folder") and "\n" not in line
 
 
-def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split(tmp_path):
+def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split():
     """--processes 3 with batches of 128: Keras cannot shard them, so the fit checks are a note, not a failure."""
     from compare import distributed
     from keras_side.spec import TrainConfig
 
-    notes, incomplete = [], {}
-    found = distributed._fit_checks(None, TrainConfig(), ["jax", "tensorflow"], 3, tmp_path, {}, "b", incomplete,
-                                    notes, lambda *a: None)
-    assert found == {} and incomplete == {} and "a batch of 128 rows does not split over 3 devices" in notes[0]
+    notes = []
+    assert distributed.fit_engines(["torch", "jax", "tensorflow"], TrainConfig(), 2, notes) == ["jax", "tensorflow"]
+    assert notes == []
+    assert distributed.fit_engines(["jax", "tensorflow"], TrainConfig(), 3, notes) == []
+    assert len(notes) == 1 and "a batch of 128 rows does not split over 3 devices" in notes[0]

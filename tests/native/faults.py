@@ -13,6 +13,14 @@ def dies_in_the_second_process():
     return models.har()
 
 
+def compiled_har():
+    """The HAR, already compiled: the native loops train it, and `keras_side.fit.train` refuses it (it compiles from
+    the spec): a fit that fails, on its own."""
+    model = models.har()
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
 def _second_process() -> bool:
     if keras.config.backend() == "jax":
         import jax
