@@ -9,10 +9,9 @@ batch axis sharded over one device per process, joined by jax.distributed); Tens
 is the engine's plain native loop (`native/<engine>/loop.py`) in a worker. A check `data_parallel/<engine>` passes
 when every weight is within DATA_PARALLEL_ATOL of the one-process run's. Where Keras has a distribution API of its
 own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for torch in Keras 3.15.1), `fit` under
-it over N devices against plain `fit` (in the same worker as the one-process run) too: `data_parallel/keras-<engine>`,
-on training rows cut to whole batches
-(Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven one otherwise:
-docs/distributed.md). Throughput is training samples per second of training (the launch, the imports and the join
+it over N devices against plain `fit` (in the worker of the one-process run) too: `data_parallel/keras-<engine>`, on
+training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven
+one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports and the join
 not counted; compiles counted, in both), measured in this run, never asserted.
 """
 from __future__ import annotations
