@@ -216,6 +216,7 @@ def _swallowed(unraisable) -> None:
         return _swallowed.previous(unraisable)
     for stop in STOPS:  # still the first press: the stop never happened
         signal.signal(stop, _stop)
+    _stopping.presses = 0  # one more press taken meanwhile by `_stopping` was not a second one
     _swallowed.pending.put(signal.SIGINT if isinstance(unraisable.exc_value, KeyboardInterrupt) else signal.SIGTERM)
 
 
@@ -237,25 +238,34 @@ def _inside(function, frame) -> bool:
 @contextmanager
 def stop_handlers():
     """The handlers of Ctrl-C and SIGTERM (`_stop`, `_stopping`, `_swallowed`) for the block; the caller's after it.
-    Signals reach the main thread only: elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    Signals reach the main thread only: elsewhere, or inside such a block already, this does nothing. A stop that
+    `_send_again` still holds when the block ends is raised here, as the block's own."""
+    if threading.current_thread() is not threading.main_thread() or sys.unraisablehook is _swallowed:
         yield
         return
-    _swallowed.pending = queue.SimpleQueue()
-    again = threading.Thread(target=_send_again, args=(_swallowed.pending,), name="native-loops-stops", daemon=True)
-    again.start()
-    previous = {s: signal.signal(s, _stop) for s in STOPS}
-    _stopping.presses, _swallowed.previous, sys.unraisablehook = 0, sys.unraisablehook, _swallowed
+    pending, previous_hook, previous = queue.SimpleQueue(), sys.unraisablehook, {}
+    again = threading.Thread(target=_send_again, args=(pending,), name="native-loops-stops", daemon=True)
     try:
+        _swallowed.pending, _swallowed.previous, _stopping.presses = pending, previous_hook, 0
+        sys.unraisablehook = _swallowed
+        again.start()
+        for stop in STOPS:
+            previous[stop] = signal.signal(stop, _stop)
         yield
     finally:
-        try:  # a stop still to be sent again reaches these handlers, not the caller's
-            _swallowed.pending.put(None)
-            again.join()
+        left = []
+        try:
+            pending.put(None)
+            if again.ident is not None:
+                again.join()
+            while not pending.empty():  # put back after the thread's last read: never sent
+                left.append(pending.get())
         finally:
-            sys.unraisablehook = _swallowed.previous
             for stop, handler in previous.items():  # called from Python (a test, a script): the caller's own handlers
                 signal.signal(stop, handler)
+            sys.unraisablehook = previous_hook
+        if left:
+            raise KeyboardInterrupt if left[0] == signal.SIGINT else Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
