@@ -405,8 +405,9 @@ def distributed(args: argparse.Namespace) -> int:
                              windows=windows, fit=args.fit, on_event=on_event)
         report.print_distributed(found)
         write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
-        logs = [] if found["incomplete"] else list(tmp.glob("*.log"))  # a failed launch's output stays, named
-        for scratch in [*tmp.glob("*.npz"), *logs, *tmp.glob("engines")]:
+        # a failed launch's output stays, named in its line, and so do the workers' logs (engines/<engine>)
+        kept = [] if found["incomplete"] else [*tmp.glob("*.log"), *tmp.glob("engines")]
+        for scratch in [*tmp.glob("*.npz"), *kept]:
             shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
     report.console().print(f"report: {out}/distributed.json")
     if found["incomplete"]:

@@ -11,8 +11,9 @@ when every weight is within DATA_PARALLEL_ATOL of the one-process run's. Where K
 own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for torch in Keras 3.15.1), `fit` under
 it over N devices against plain `fit` (in the worker of the one-process run) too: `data_parallel/keras-<engine>`, on
 training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven
-one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports and the join
-not counted; compiles counted, in both), measured in this run, never asserted.
+one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports
+and the join not counted; compiles counted, in both), measured in this run, never asserted. The one-device runs are
+the pool's worker, on one thread as every worker; the launches take each engine's default threads.
 """
 from __future__ import annotations
 
@@ -112,7 +113,9 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         failed = pool.each("native_weights", lambda e: {**request, "data": str(folder / "whole.npz"), "fit": True,
                                                         "weights": str(folder / f"keras-{e}-1.npz")},
                            on_event, only=[e for e in fits if e not in incomplete], fail_engines=False)
-        incomplete |= {f"keras-{e}": f"fit on 1 device: {message}" for e, message in failed.items()}
+        incomplete |= {f"keras-{e}": f"fit on 1 device: {message}; output: engines/{e}/worker.log in the run folder"
+                       for e, message in failed.items()}
+    fits = [e for e in fits if e not in incomplete and f"keras-{e}" not in incomplete]  # each with its baseline
     samples = cfg.epochs * data.n_train
     for engine in [e for e in engines if e not in incomplete]:
         one, one_seconds = load_trained(folder / f"{engine}-1.npz")
@@ -136,7 +139,6 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                          "seconds": {"1": one_seconds, str(processes): many_seconds},
                          "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
                          "launch_seconds": wall}
-    fits = [e for e in fits if e not in incomplete and f"keras-{e}" not in incomplete]
     if fits:
         found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
@@ -148,8 +150,11 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
 
 
 def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: list) -> list[str]:
-    """The engines whose `fit` runs under a distribution of Keras's own; none, with a note, when a batch does not
-    split evenly over the devices (Keras shards every batch evenly)."""
+    """The engines whose `fit` runs under a distribution of Keras's own; none, with a note, over one device (plain
+    fit against itself) or when a batch does not split evenly over the devices (Keras shards every batch evenly)."""
+    if processes == 1:
+        notes.append("fit under Keras's distribution not checked: over 1 device it is plain fit, its own baseline")
+        return []
     if cfg.batch_size % processes:
         notes.append(f"fit under Keras's distribution not checked: Keras shards every batch evenly, and a batch of "
                      f"{cfg.batch_size} rows does not split over {processes} devices")
@@ -164,18 +169,16 @@ def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Pa
     whole, found = HarData.load(folder / "whole.npz"), {}
     samples = cfg.epochs * whole.n_train
     for engine in engines:
-        runs = {"1": load_trained(folder / f"keras-{engine}-1.npz")}
-        if processes > 1:
-            out = folder / f"keras-{engine}-{processes}.npz"
-            on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train", "epoch": 0,
-                              "epochs": cfg.epochs})
-            launched = _launch(engine, processes, folder / "whole.npz", out, config, build, fit=True)
-            if launched.returncode != 0:
-                incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {processes} devices", f"{out.stem}.log")
-                continue
-            runs[str(processes)] = load_trained(out)
-            on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train",
-                              "epoch": cfg.epochs, "epochs": cfg.epochs})
+        out = folder / f"keras-{engine}-{processes}.npz"
+        on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train", "epoch": 0,
+                          "epochs": cfg.epochs})
+        launched = _launch(engine, processes, folder / "whole.npz", out, config, build, fit=True)
+        if launched.returncode != 0:
+            incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {processes} devices", f"{out.stem}.log")
+            continue
+        runs = {"1": load_trained(folder / f"keras-{engine}-1.npz"), str(processes): load_trained(out)}
+        on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train",
+                          "epoch": cfg.epochs, "epochs": cfg.epochs})
         gap = _gap(runs["1"][0], runs[str(processes)][0])
         found[f"keras-{engine}"] = {
             "check": f"data_parallel/keras-{engine}", "runtime": FIT_RUNTIMES[engine], "gap": gap,

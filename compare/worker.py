@@ -323,6 +323,7 @@ def serve(requests, protocol) -> None:
             send(event="done", **HANDLERS[request["cmd"]](request, send))
         except Exception as err:  # reported to the runner, which marks this engine's step as failed
             send(event="error", message=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+            traceback.print_exc()  # and in the worker's log (its stderr), which a run can keep
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
     """`fit` itself, the Keras way: under `keras.distribution.DataParallel`, Keras shards every batch over the
     devices. Keras 3.15.1 shards each batch evenly or not at all (a jax IndivisibleError): every batch of training,
     validation and the final predictions must split over the devices, which is checked here first. With one
-    device, plain `fit` (the baseline a data-parallel `fit` is compared with)."""
+    device, plain `fit`."""
     from contextlib import nullcontext
 
     import keras

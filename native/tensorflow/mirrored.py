@@ -10,7 +10,8 @@ TensorFlow guide does, by the global batch size (`sum of its per-sample losses /
 sums the replicas' gradients with an all-reduce before it steps (`_all_reduce_sum_gradients`), so the sum is the
 global batch's mean gradient, uneven last batch included. The penalties in `model.losses` are weighted by the
 replica's rows / the global batch: an activity regularizer (in Keras a mean over the rows its layer sees) becomes
-the global batch's mean, and a weight penalty, the same on every replica, counts once in the sum. The guide's
+the global batch's mean, and a weight penalty, the same on every replica, counts once in the sum (exact for those two
+kinds; a loss of your own that is neither, `add_loss` of a sum over the rows or a max, is not). The guide's
 `tf.nn.scale_regularization_loss` (/ replicas) weighs the activity means of an uneven last batch equally: measured
 on `mlp_l2` after 2 epochs in batches of 100 (63 rows, 32/31), 7.8e-6 from one process, against 4.5e-8 with the
 rows. Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
@@ -127,7 +128,7 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
     Measured: equal to one process (3e-8) when every batch splits evenly over the replicas; with an uneven last
     batch (63 rows over 2) 2.3e-5 apart after 2 epochs, because Keras averages the replicas' own mean losses with
     equal weights, where the global batch's mean weighs each replica by its rows (`train` above does). With one
-    device, plain `fit` (the baseline a mirrored `fit` is compared with)."""
+    device, plain `fit`."""
     from contextlib import nullcontext
 
     from keras_side import fit

@@ -75,8 +75,8 @@ def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch)
 
 def test_a_fit_that_fails_in_the_worker_is_named_and_the_native_check_still_runs(tmp_path, monkeypatch):
     """Plain fit on one device, the baseline of fit under Keras's distribution, runs in the engine's worker. A model
-    that fit refuses (already compiled) leaves `keras-jax` incomplete with the worker's reason, exit 3, and the
-    native check, on the same worker, still passes."""
+    that fit refuses (already compiled) leaves `keras-jax` incomplete with the worker's reason, exit 3, the worker's
+    log (its traceback) kept in the run folder, and the native check, on the same worker, still passes."""
     from dataclasses import replace
 
     from compare import commands
@@ -84,12 +84,13 @@ def test_a_fit_that_fails_in_the_worker_is_named_and_the_native_check_still_runs
 
     monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:compiled_har"))
     monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
-    code = cli.main(["distributed", "--engines", "jax", "--processes", "1", "--epochs", "1", "--out",
-                     str(tmp_path / "run")])
+    code = cli.main(["distributed", "--engines", "jax", "--epochs", "1", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 3 and list(report["incomplete"]) == ["keras-jax"], report
-    assert report["incomplete"]["keras-jax"].startswith("fit on 1 device: ") and "already compiled" in \
-        report["incomplete"]["keras-jax"]
+    reason = report["incomplete"]["keras-jax"]
+    assert reason.startswith("fit on 1 device: ") and "already compiled" in reason, reason
+    assert reason.endswith("output: engines/jax/worker.log in the run folder")
+    assert "Traceback" in (tmp_path / "run" / "engines" / "jax" / "worker.log").read_text()
     assert list(report["engines"]) == ["jax"] and report["engines"]["jax"]["passed"]
 
 
@@ -141,7 +142,8 @@ def test_a_torchrun_failure_lists_every_rank_that_failed(other, named):
 
 
 def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split():
-    """--processes 3 with batches of 128: Keras cannot shard them, so the fit checks are a note, not a failure."""
+    """--processes 3 with batches of 128: Keras cannot shard them, so the fit checks are a note, not a failure; nor
+    with --processes 1, where the check would compare plain fit with itself."""
     from compare import distributed
     from keras_side.spec import TrainConfig
 
@@ -150,3 +152,5 @@ def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split():
     assert notes == []
     assert distributed.fit_engines(["jax", "tensorflow"], TrainConfig(), 3, notes) == []
     assert len(notes) == 1 and "a batch of 128 rows does not split over 3 devices" in notes[0]
+    assert distributed.fit_engines(["jax", "tensorflow"], TrainConfig(), 1, notes) == []  # plain fit against itself
+    assert len(notes) == 2 and "over 1 device it is plain fit" in notes[1]
