@@ -115,38 +115,69 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                            on_event, only=[e for e in fits if e not in incomplete], fail_engines=False)
         incomplete |= {f"keras-{e}": f"fit on 1 device: {message}; output: engines/{e}/worker.log in the run folder"
                        for e, message in failed.items()}
-    fits = [e for e in fits if e not in incomplete and f"keras-{e}" not in incomplete]  # each with its baseline
-    samples = cfg.epochs * data.n_train
-    for engine in [e for e in engines if e not in incomplete]:
-        one, one_seconds = load_trained(folder / f"{engine}-1.npz")
-
-        def say(done: int) -> None:
-            on_event(engine, {"event": "progress", "path": f"{processes} processes", "stage": "train", "epoch": done,
-                              "epochs": cfg.epochs})
-
-        say(0)
-        start = time.perf_counter()
-        launched = _launch(engine, processes, folder / "data.npz", folder / f"{engine}-{processes}.npz", config, build)
-        wall = time.perf_counter() - start
-        say(cfg.epochs if launched.returncode == 0 else 0)
-        if launched.returncode != 0:
-            incomplete[engine] = _failure(launched, f"{processes} processes", f"{engine}-{processes}.log")
-            continue
-        many, many_seconds = load_trained(folder / f"{engine}-{processes}.npz")
-        gap = _gap(one, many)
-        found[engine] = {"check": f"data_parallel/{engine}", "runtime": RUNTIMES[engine], "gap": gap,
-                         "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
-                         "seconds": {"1": one_seconds, str(processes): many_seconds},
-                         "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
-                         "launch_seconds": wall}
-    if fits:
-        found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
+        fits = [e for e in fits if e not in incomplete and f"keras-{e}" not in incomplete]  # each with its baseline
+        samples = cfg.epochs * data.n_train
+        for engine in [e for e in engines if e not in incomplete]:
+            row = _native_check(engine, processes, folder, config, build, cfg, samples, incomplete, on_event)
+            if row is not None:
+                found[engine] = row
+        if fits:
+            found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
+        _judge_by_rounding(pool, found, request, folder, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
         found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
     return {"processes": processes, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
+
+
+def _native_check(engine: str, processes: int, folder: Path, config: dict, build: str, cfg: TrainConfig,
+                  samples: int, incomplete: dict, on_event) -> dict | None:
+    """The engine's native loop launched in `processes` processes against its one-process run (the worker's, in
+    `<engine>-1.npz`); None, and the reason in `incomplete`, when the launch fails."""
+    one, one_seconds = load_trained(folder / f"{engine}-1.npz")
+
+    def say(done: int) -> None:
+        on_event(engine, {"event": "progress", "path": f"{processes} processes", "stage": "train", "epoch": done,
+                          "epochs": cfg.epochs})
+
+    say(0)
+    start = time.perf_counter()
+    launched = _launch(engine, processes, folder / "data.npz", folder / f"{engine}-{processes}.npz", config, build)
+    wall = time.perf_counter() - start
+    say(cfg.epochs if launched.returncode == 0 else 0)
+    if launched.returncode != 0:
+        incomplete[engine] = _failure(launched, f"{processes} processes", f"{engine}-{processes}.log")
+        return None
+    many, many_seconds = load_trained(folder / f"{engine}-{processes}.npz")
+    gap = _gap(one, many)
+    return {"check": f"data_parallel/{engine}", "runtime": RUNTIMES[engine], "gap": gap,
+            "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
+            "seconds": {"1": one_seconds, str(processes): many_seconds},
+            "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
+            "launch_seconds": wall}
+
+
+def _judge_by_rounding(pool: runner.Pool, found: dict, request: dict, folder: Path, on_event) -> None:
+    """For each check over its tolerance, the yardstick of rounding: the same one-process run again from one ulp away
+    (the worker's `nudge`). A model that amplifies float rounding (a ReLU that flips for a sample, a recurrence) can
+    carry a one-ulp difference past the tolerance within a long run: measured on `conv1d`, 2.4e-7 after 20 epochs and
+    1.5e-3 after 40, as far as torch's two processes end from one. Where the drift is past the tolerance too, no run
+    could be held to it at this horizon: the check is not judged (`judged` false, with the drift). Where it is within,
+    the gap is not rounding, and the check fails."""
+    for name, row in found.items():
+        engine = name.removeprefix("keras-")
+        if row["passed"] or engine not in pool.live:
+            continue
+        nudged = folder / f"{name}-1-nudged.npz"
+        asked = {**request, "nudge": True, "weights": str(nudged)}
+        if name != engine:  # fit's baseline: plain fit on the whole batches
+            asked |= {"data": str(folder / "whole.npz"), "fit": True}
+        if pool.each("native_weights", lambda e: asked, on_event, only=[engine], fail_engines=False):
+            continue  # no yardstick: the check stands as it is
+        row["drift"] = _gap(load_trained(folder / f"{name}-1.npz")[0], load_trained(nudged)[0])
+        row["judged"] = row["drift"] <= row["tolerance"]
 
 
 def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: list) -> list[str]:
@@ -241,4 +272,6 @@ def _gap(want: list[np.ndarray], got: list[np.ndarray]) -> float:
 
 
 def passed(report: dict) -> bool:
-    return bool(report["engines"]) and not report["incomplete"] and all(e["passed"] for e in report["engines"].values())
+    """Every check within its tolerance, or not judged (`_judge_by_rounding`), and none incomplete."""
+    rows = report["engines"].values()
+    return bool(rows) and not report["incomplete"] and all(e["passed"] or not e.get("judged", True) for e in rows)

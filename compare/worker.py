@@ -161,7 +161,8 @@ def parity(request: dict, send) -> dict:
 
 def native_weights(request: dict, send) -> dict:
     """The native loop in this one process, on the request's spec, or with `fit`: plain `fit` on one device. The
-    trained weights and the training seconds: the baselines of `native-loops distributed`."""
+    trained weights and the training seconds: the baselines of `native-loops distributed`. With `nudge`, from one
+    ulp away (`nudge`): how far rounding alone carries the run."""
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
     seed_everything(cfg.seed)
     path = "fit" if request.get("fit") else "native"
@@ -169,16 +170,27 @@ def native_weights(request: dict, send) -> dict:
     def progress(epoch, epochs):
         send(event="progress", engine=ENGINE, path=f"{ENGINE}-{path}", stage="train", epoch=epoch, epochs=epochs)
 
-    if request.get("fit"):  # timed as the launchers time theirs: the model's build, and fit with its compiles
-        start = time.perf_counter()
-        model = _model(request, data)
+    start = time.perf_counter()  # timed as the launchers time theirs: the model's build, and the training
+    model = _model(request, data)
+    if request.get("nudge"):
+        nudge(model)
+    if request.get("fit"):
         fit.train(model, data, cfg, progress=progress)
         weights, seconds = model.get_weights(), time.perf_counter() - start
     else:
-        result = paths.loop(ENGINE).train(_model(request, data), data, cfg, progress=progress)
+        result = paths.loop(ENGINE).train(model, data, cfg, progress=progress)
         weights, seconds = result.weights, result.train_seconds + (result.compile_seconds or 0.0)  # compiles too
     save_trained(request["weights"], weights, seconds)
     return {}
+
+
+def nudge(model: keras.Model) -> None:
+    """Move the first element of the model's first floating-point weight to the next float: one ulp, the smallest
+    difference rounding can make."""
+    weights = model.get_weights()
+    w = next(w for w in weights if np.issubdtype(w.dtype, np.floating))
+    w.flat[0] = np.nextafter(w.flat[0], w.dtype.type(np.inf))
+    model.set_weights(weights)
 
 
 def bench(request: dict, send) -> dict:

@@ -3,6 +3,7 @@ MirroredStrategy replicas on TensorFlow) against one, and `fit` under Keras's di
 TensorFlow) against plain `fit`, on a short run; bad options are one line, exit 2, nothing written."""
 import json
 
+import numpy as np
 import pytest
 
 from compare import cli
@@ -154,3 +155,64 @@ def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split():
     assert len(notes) == 1 and "a batch of 128 rows does not split over 3 devices" in notes[0]
     assert distributed.fit_engines(["jax", "tensorflow"], TrainConfig(), 1, notes) == []  # plain fit against itself
     assert len(notes) == 2 and "over 1 device it is plain fit" in notes[1]
+
+
+class _Nudged:
+    """A pool whose workers' runs from one ulp away end `drift` from their runs: what `_judge_by_rounding` asks."""
+
+    def __init__(self, drift: float):
+        self.drift, self.live, self.asked = drift, ["torch", "jax"], []
+
+    def each(self, cmd, request_for, on_event=None, *, only, fail_engines):
+        from keras_side.config import save_trained
+
+        for engine in only:
+            request = request_for(engine)
+            self.asked.append((engine, request.get("fit", False)))
+            save_trained(request["weights"], [np.full(3, self.drift, np.float32)], 1.0)
+        return {}
+
+
+@pytest.mark.parametrize("drift, judged", [(2e-3, False), (1e-7, True)])
+def test_a_gap_that_rounding_alone_reaches_is_not_judged(tmp_path, capsys, drift, judged):
+    """A check over its tolerance asks its worker for the same one-process run from one ulp away. Rounding carrying
+    that run past the tolerance too (a chaotic model over a long run): not judged, the run passes, and the line says
+    why and what judges it. Within the tolerance: the gap is not rounding, and the check fails."""
+    from compare import distributed, report
+    from keras_side.config import save_trained
+
+    def row(name, gap):
+        save_trained(tmp_path / f"{name}-1.npz", [np.zeros(3, np.float32)], 1.0)
+        return {"check": f"data_parallel/{name}", "runtime": "r", "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
+                "passed": gap <= DATA_PARALLEL_ATOL, "samples_per_s": {"1": 1.0, "2": 1.0}}
+
+    found = {"torch": row("torch", 1.5e-3), "jax": row("jax", 3e-7), "keras-jax": row("keras-jax", 0.13)}
+    pool = _Nudged(drift)
+    distributed._judge_by_rounding(pool, found, {"data": "d", "config": {}, "build": "b"}, tmp_path, None)
+    assert pool.asked == [("torch", False), ("jax", True)]  # the checks over the tolerance only, fit's as fit
+    assert "drift" not in found["jax"] and found["torch"]["drift"] == pytest.approx(drift)
+    assert found["torch"]["judged"] is judged and found["keras-jax"]["judged"] is judged
+    whole = {"processes": 2, "engines": found, "incomplete": {}, "samples": 1, "config": {"epochs": 40}}
+    assert distributed.passed(whole) is not judged
+    report.print_distributed(whole)
+    out = " ".join(capsys.readouterr().out.split())
+    said = "not judged: data_parallel/torch" if not judged else "data_parallel/torch: the one-process run from one"
+    assert said in out and ("fewer --epochs judge it" in out) is not judged
+
+
+def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
+    """The yardstick's run: the same seeded start but one weight one ulp away, so it ends a hair from the plain run
+    (the HAR is convex: nowhere near the tolerance), and the plain run is where it was."""
+    from compare import runner
+    from keras_side.config import load_trained
+
+    har.save(tmp_path / "data.npz")
+    request = {"data": str(tmp_path / "data.npz"), "config": {"epochs": 1, "batch_order": "numpy", "validate": False},
+               "build": "keras_side.models:har"}
+    with runner.Pool(["jax"], tmp_path, jobs=1) as pool:
+        for name, nudge in (("plain", False), ("again", False), ("nudged", True)):
+            assert not pool.each("native_weights", lambda e: {**request, "nudge": nudge,
+                                                                "weights": str(tmp_path / f"{name}.npz")})
+    plain, again, nudged = (load_trained(tmp_path / f"{n}.npz")[0] for n in ("plain", "again", "nudged"))
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, nudged))
+    assert all(np.array_equal(a, b) for a, b in zip(plain, again)) and 0 < gap < DATA_PARALLEL_ATOL
