@@ -66,8 +66,11 @@ def atomic_folder(path: str | Path):
     temporary folder and the error says where.
     """
     path = Path(path)
-    made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
-    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    try:
+        made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
+        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    except OSError as err:  # a parent that cannot be looked into (no permission)
+        raise _cannot_create(path, err) from None
     if blocking is not None:
         raise NativeLoopsError(f"--out {str(path)!r}: {str(blocking)!r} is a file, not a folder; choose another path")
     lock = path.parent / f".{path.name}.lock"

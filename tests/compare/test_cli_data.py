@@ -170,6 +170,25 @@ def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+def test_an_out_folder_under_one_that_cannot_be_looked_into_is_one_line(tmp_path, capsys, monkeypatch):
+    """A parent folder without permission to look into (as root, faked): `Path.exists` raises there, which was a
+    traceback."""
+    from pathlib import Path
+
+    exists, locked = Path.exists, tmp_path / "locked"
+
+    def denied(self):
+        if self == locked or locked in self.parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return exists(self)
+
+    monkeypatch.setattr(Path, "exists", denied)
+    assert cli.main(["compare", "--out", str(locked / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("native-loops: error: ") and "cannot be created (Permission denied" in err
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
     """A parquet whose dates carry a time zone (as many exports do) is the same data set as the naive one."""
     from compare import data
