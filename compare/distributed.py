@@ -123,7 +123,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
                 found[engine] = row
         if fits:
             found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
-        _judge_by_rounding(pool, found, request, folder, on_event)
+        _measure_rounding(pool, found, request, folder, on_event)
     if windows is not None and "jax" in engines and "jax" not in incomplete:
         found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
@@ -159,13 +159,13 @@ def _native_check(engine: str, processes: int, folder: Path, config: dict, build
             "launch_seconds": wall}
 
 
-def _judge_by_rounding(pool: runner.Pool, found: dict, request: dict, folder: Path, on_event) -> None:
-    """For each check over its tolerance, the yardstick of rounding: the same one-process run again from one ulp away
-    (the worker's `nudge`). A model that amplifies float rounding (a ReLU that flips for a sample, a recurrence) can
-    carry a one-ulp difference past the tolerance within a long run: measured on `conv1d`, 2.4e-7 after 20 epochs and
-    1.5e-3 after 40, as far as torch's two processes end from one. Where the drift is past the tolerance too, no run
-    could be held to it at this horizon: the check is not judged (`judged` false, with the drift). Where it is within,
-    the gap is not rounding, and the check fails."""
+def _measure_rounding(pool: runner.Pool, found: dict, request: dict, folder: Path, on_event) -> None:
+    """For each check over its tolerance, what rounding alone does: the same one-process run again from one ulp away
+    (the worker's `nudge`), its gap to the run (`drift`). A model that amplifies float rounding (a ReLU that flips for
+    a sample, a recurrence) can carry a one-ulp difference past the tolerance within a long run: measured on
+    `conv1d`, 3.6e-7 after 20 epochs and 1.5e-3 after 40, as far as torch's two processes end from one. Then the
+    horizon cannot tell a bug from rounding, and the report says so and that fewer epochs can. The check still fails:
+    past that horizon a real bug would end as far, so nothing here excuses a gap."""
     for name, row in found.items():
         engine = name.removeprefix("keras-")
         if row["passed"] or engine not in pool.live:
@@ -174,10 +174,8 @@ def _judge_by_rounding(pool: runner.Pool, found: dict, request: dict, folder: Pa
         asked = {**request, "nudge": True, "weights": str(nudged)}
         if name != engine:  # fit's baseline: plain fit on the whole batches
             asked |= {"data": str(folder / "whole.npz"), "fit": True}
-        if pool.each("native_weights", lambda e: asked, on_event, only=[engine], fail_engines=False):
-            continue  # no yardstick: the check stands as it is
-        row["drift"] = _gap(load_trained(folder / f"{name}-1.npz")[0], load_trained(nudged)[0])
-        row["judged"] = row["drift"] <= row["tolerance"]
+        if not pool.each("native_weights", lambda e: asked, on_event, only=[engine], fail_engines=False):
+            row["drift"] = _gap(load_trained(folder / f"{name}-1.npz")[0], load_trained(nudged)[0])
 
 
 def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: list) -> list[str]:
@@ -272,6 +270,4 @@ def _gap(want: list[np.ndarray], got: list[np.ndarray]) -> float:
 
 
 def passed(report: dict) -> bool:
-    """Every check within its tolerance, or not judged (`_judge_by_rounding`), and none incomplete."""
-    rows = report["engines"].values()
-    return bool(rows) and not report["incomplete"] and all(e["passed"] or not e.get("judged", True) for e in rows)
+    return bool(report["engines"]) and not report["incomplete"] and all(e["passed"] for e in report["engines"].values())
