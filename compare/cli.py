@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from compare import commands, runner
 from compare import data as har_data
+from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError
 from compare.tolerances import SAME_ARITHMETIC_EPOCHS
 from keras_side.backend import BackendError
@@ -41,8 +42,8 @@ def _data_options(p: argparse.ArgumentParser, asset_help: str = f"asset to model
                        "test split itself, training on every day before --split (the lesson's test-set curve)")
 
 
-def _train_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default: {TrainConfig.epochs})")
+def _train_options(p: argparse.ArgumentParser, default: str = str(TrainConfig.epochs)) -> None:
+    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default: {default})")
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
 
 
@@ -110,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("distributed", help="each engine's data-parallel native loop in N processes against one "
                        "process: the weights they end at (exit 0 only when equal) and the throughput")
     _data_options(p)
-    _train_options(p)
+    _train_options(p, f"{TrainConfig.epochs} for the HAR, {ZOO_EPOCHS} for another zoo model")
     p.add_argument("--processes", type=int, default=2, help="processes of the data-parallel run, replicas on "
                    "TensorFlow (default: %(default)s; at most one per core)")
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")

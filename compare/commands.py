@@ -391,7 +391,8 @@ def distributed(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--model {args.model}: its Dropout draws each process's mask for its own rows on torch "
                                "and tensorflow, so only JAX (one global batch) can end where one process ends; "
                                "pass --engines jax")
-    cfg = train_config(args).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
+    epochs = dist.ZOO_EPOCHS if args.epochs is None and args.model != "har" else None
+    cfg = train_config(args, epochs=epochs).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)
     prepared = model_data(args, panel, source, entry)
     check_epochs(cfg, prepared.n_train)

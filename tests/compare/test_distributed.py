@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from compare import cli
+from compare.distributed import ZOO_EPOCHS
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 
 
@@ -225,3 +226,23 @@ def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
     for a, b in (("plain", "nudged"), ("fit", "fit-nudged")):
         gap = max(float(np.max(np.abs(x - y))) for x, y in zip(runs[a], runs[b]))
         assert 0 < gap < DATA_PARALLEL_ATOL, (a, gap)
+
+
+@pytest.mark.parametrize("args, epochs", [([], 40), (["--model", "lstm"], ZOO_EPOCHS),
+                                          (["--model", "lstm", "--epochs", "40"], 40),
+                                          (["--model", "conv1d", "--epochs", "5"], 5)])
+def test_a_zoo_models_default_epochs_stop_before_rounding_decides(tmp_path, monkeypatch, args, epochs):
+    """The HAR trains the spec's 40 epochs; another zoo model ZOO_EPOCHS unless --epochs says otherwise: over 40 the
+    LSTM and the Conv1D amplify rounding past the tolerance (docs/distributed.md)."""
+    from compare import commands
+
+    asked = []
+
+    def run(data, cfg, engines, **kwargs):  # the configuration only: no training
+        asked.append(cfg.epochs)
+        return {"processes": 2, "engines": {}, "incomplete": {"jax": "not run"}, "notes": [], "samples": 0,
+                "config": cfg.to_dict()}
+
+    monkeypatch.setattr(commands.dist, "run", run)
+    assert cli.main(["distributed", "--engines", "jax", *args, "--out", str(tmp_path / "run")]) == 3
+    assert asked == [epochs]
