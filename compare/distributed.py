@@ -112,11 +112,11 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         whole_batches(data, cfg.batch_size, processes).save(folder / "whole.npz")
     with runner.Pool(engines, folder, jobs=1) as pool:  # one request at a time: each timing has the machine
         request = {"data": str(folder / "data.npz"), "config": config, "build": build}
-        pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-1.npz")}, on_event)
+        pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-worker.npz")}, on_event)
         incomplete |= pool.failed
         # plain fit on one device, the baseline of fit under Keras's distribution, by the worker already running
         failed = pool.each("native_weights", lambda e: {**request, "data": str(folder / "whole.npz"), "fit": True,
-                                                        "weights": str(folder / f"keras-{e}-1.npz")},
+                                                        "weights": str(folder / f"keras-{e}-worker.npz")},
                            on_event, only=[e for e in fits if e not in incomplete], fail_engines=False)
         incomplete |= {f"keras-{e}": f"fit on 1 device: {message}; output: engines/{e}/worker.log in the run folder"
                        for e, message in failed.items()}
@@ -140,9 +140,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
 def _native_check(engine: str, processes: int, folder: Path, config: dict, build: str, cfg: TrainConfig,
                   samples: int, incomplete: dict, on_event) -> dict | None:
     """The engine's native loop launched in `processes` processes against its one-process run (the worker's, in
-    `<engine>-1.npz`); None, and the reason in `incomplete`, when the launch fails."""
-    one, one_seconds = load_trained(folder / f"{engine}-1.npz")
-
+    `<engine>-worker.npz`); None, and the reason in `incomplete`, when the launch fails."""
     def say(done: int) -> None:
         on_event(engine, {"event": "progress", "path": f"{processes} processes", "stage": "train", "epoch": done,
                           "epochs": cfg.epochs})
@@ -155,13 +153,7 @@ def _native_check(engine: str, processes: int, folder: Path, config: dict, build
     if launched.returncode != 0:
         incomplete[engine] = _failure(launched, f"{processes} processes", f"{engine}-{processes}.log")
         return None
-    many, many_seconds = load_trained(folder / f"{engine}-{processes}.npz")
-    gap = _gap(one, many)
-    return {"check": f"data_parallel/{engine}", "runtime": RUNTIMES[engine], "gap": gap,
-            "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
-            "seconds": {"1": one_seconds, str(processes): many_seconds},
-            "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds},
-            "launch_seconds": wall}
+    return _row(engine, RUNTIMES[engine], folder, processes, samples) | {"launch_seconds": wall}
 
 
 def _measure_rounding(pool: runner.Pool, found: dict, request: dict, folder: Path, on_event) -> None:
@@ -175,12 +167,12 @@ def _measure_rounding(pool: runner.Pool, found: dict, request: dict, folder: Pat
         engine = name.removeprefix("keras-")
         if row["passed"] or engine not in pool.live:
             continue
-        nudged = folder / f"{name}-1-nudged.npz"
+        nudged = folder / f"{name}-worker-nudged.npz"
         asked = {**request, "nudge": True, "weights": str(nudged)}
         if name != engine:  # fit's baseline: plain fit on the whole batches
             asked |= {"data": str(folder / "whole.npz"), "fit": True}
         if not pool.each("native_weights", lambda e: asked, on_event, only=[engine], fail_engines=False):
-            row["drift"] = _gap(load_trained(folder / f"{name}-1.npz")[0], load_trained(nudged)[0])
+            row["drift"] = _gap(load_trained(folder / f"{name}-worker.npz")[0], load_trained(nudged)[0])
 
 
 def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: list) -> list[str]:
@@ -199,7 +191,7 @@ def fit_engines(engines: list[str], cfg: TrainConfig, processes: int, notes: lis
 def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Path, config: dict, build: str,
                 incomplete: dict, on_event) -> dict:
     """`fit` under Keras's distribution over `processes` devices against plain `fit` (the worker's, already in
-    `keras-<engine>-1.npz`), per engine, on the whole batches of `whole.npz`."""
+    `keras-<engine>-worker.npz`), per engine, on the whole batches of `whole.npz`."""
     whole, found = HarData.load(folder / "whole.npz"), {}
     samples = cfg.epochs * whole.n_train
     for engine in engines:
@@ -210,16 +202,23 @@ def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Pa
         if launched.returncode != 0:
             incomplete[f"keras-{engine}"] = _failure(launched, f"fit on {processes} devices", f"{out.stem}.log")
             continue
-        runs = {"1": load_trained(folder / f"keras-{engine}-1.npz"), str(processes): load_trained(out)}
         on_event(engine, {"event": "progress", "path": f"fit, {processes} devices", "stage": "train",
                           "epoch": cfg.epochs, "epochs": cfg.epochs})
-        gap = _gap(runs["1"][0], runs[str(processes)][0])
-        found[f"keras-{engine}"] = {
-            "check": f"data_parallel/keras-{engine}", "runtime": FIT_RUNTIMES[engine], "gap": gap,
-            "tolerance": DATA_PARALLEL_ATOL, "passed": gap <= DATA_PARALLEL_ATOL,
-            "seconds": {c: s for c, (_, s) in runs.items()},
-            "samples_per_s": {c: samples / s for c, (_, s) in runs.items()}, "training_rows": whole.n_train}
+        found[f"keras-{engine}"] = (_row(f"keras-{engine}", FIT_RUNTIMES[engine], folder, processes, samples)
+                                    | {"training_rows": whole.n_train})
     return found
+
+
+def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) -> dict:
+    """A check: the weights of the launch's `<name>-<processes>.npz` against the worker's one-process run,
+    `<name>-worker.npz` (apart, so that a one-process launch does not overwrite it), within DATA_PARALLEL_ATOL, and
+    the throughput of each."""
+    (one, one_seconds), (many, many_seconds) = (load_trained(folder / f"{name}-{run}.npz") for run in
+                                                ("worker", processes))
+    gap = _gap(one, many)
+    return {"check": f"data_parallel/{name}", "runtime": runtime, "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
+            "passed": gap <= DATA_PARALLEL_ATOL, "seconds": {"1": one_seconds, str(processes): many_seconds},
+            "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds}}
 
 
 def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path, incomplete: dict) -> dict | None:

@@ -184,7 +184,7 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
     from keras_side.config import save_trained
 
     def row(name, gap):
-        save_trained(tmp_path / f"{name}-1.npz", [np.zeros(3, np.float32)], 1.0)
+        save_trained(tmp_path / f"{name}-worker.npz", [np.zeros(3, np.float32)], 1.0)
         return {"check": f"data_parallel/{name}", "runtime": "r", "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
                 "passed": gap <= DATA_PARALLEL_ATOL, "samples_per_s": {"1": 1.0, "2": 1.0}}
 
@@ -194,7 +194,7 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
     assert [(cmd, engine) for cmd, engine, _ in pool.asked] == [("native_weights", "torch"), ("native_weights", "jax")]
     (_, _, native), (_, _, fit) = pool.asked  # the checks over the tolerance only, fit's as fit on the whole batches
     assert native["nudge"] and not native.get("fit") and native["data"] == "d.npz"
-    assert native["weights"] == str(tmp_path / "torch-1-nudged.npz")
+    assert native["weights"] == str(tmp_path / "torch-worker-nudged.npz")
     assert fit["nudge"] and fit["fit"] and fit["data"] == str(tmp_path / "whole.npz")
     assert "drift" not in found["jax"] and found["torch"]["drift"] == pytest.approx(drift)
     whole = {"processes": 2, "engines": found, "incomplete": {}, "samples": 1, "config": {"epochs": 40}}
