@@ -271,7 +271,7 @@ def test_a_stop_signal_stops_the_workers_and_leaves_nothing_behind(tmp_path, arg
     assert list(tmp_path.iterdir()) == []
 
 
-GC_CALLBACK_INTERRUPT = """
+DROPS_A_STOP = """
 import gc, os, signal, sys
 from compare import cli
 
@@ -282,6 +282,10 @@ def callback(phase, info):  # as JAX's _xla_gc_callback: Python drops what a gc 
         for _ in range(1000):  # the handler runs here, inside the callback
             pass
 
+fired = []
+"""
+
+GC_CALLBACK_INTERRUPT = DROPS_A_STOP + """
 class LandsInTheHook:  # the worst moment for the stop sent again: while the hook that sends it still runs
     def __init__(self, pending):
         self.pending = pending
@@ -292,7 +296,7 @@ class LandsInTheHook:  # the worst moment for the stop sent again: while the hoo
             return
         self.pending.put(signum)
 
-fired, landed = [], []
+landed = []
 try:
     with cli.stop_handlers():
         if sys.argv[1] == "in-the-hook":
@@ -309,35 +313,31 @@ except KeyboardInterrupt:
 HANG_GUARD_S = 300  # only a broken case waits for it: a passing run ends on a signal or at once, not a clock
 
 
+def run_guarded(script: str, *args: str):
+    """`script` in a fresh Python; a stop dropped for good would leave it waiting: fail then, rather than hang the
+    suite."""
+    import subprocess
+    import sys
+
+    try:
+        return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                              timeout=HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still waiting after {HANG_GUARD_S} s")
+
+
 @pytest.mark.parametrize("resent", ["from-a-thread", "in-the-hook"])
 def test_a_ctrl_c_that_lands_in_a_gc_callback_still_stops_the_run(resent):
     """Found on a fresh clone: a Ctrl-C whose handler ran inside JAX's gc callback was printed as "Exception
     ignored" and dropped, and the 3,000-epoch run went on to the end. The stop is delivered again, and again if that
     lands inside the hook that sends it (found in CI: a busy machine kept the main thread there past a timer)."""
-    import subprocess
-    import sys
-
-    try:  # a stop dropped for good would leave it waiting: fail then, rather than hang the suite
-        proc = subprocess.run([sys.executable, "-c", GC_CALLBACK_INTERRUPT, resent], capture_output=True, text=True,
-                              timeout=HANG_GUARD_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the stop was dropped: still waiting after {HANG_GUARD_S} s")
+    proc = run_guarded(GC_CALLBACK_INTERRUPT, resent)
     assert proc.stdout.split() == ["interrupted", str(int(resent == "in-the-hook"))], proc.stderr[-2000:]
     assert "Exception ignored" not in proc.stderr  # taken by the hook, not dropped
 
 
-NESTED = """
-import gc, os, signal, sys
-from compare import cli
-
-def callback(phase, info):  # as in GC_CALLBACK_INTERRUPT
-    if phase == "start" and not fired:
-        fired.append(1)
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):
-            pass
-
-fired, before = [], (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook)
+NESTED = DROPS_A_STOP + """
+before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook
 try:
     with cli.stop_handlers():
         with cli.stop_handlers():  # inside one already: nothing to do
@@ -357,13 +357,7 @@ def test_stop_handlers_nest_and_give_the_callers_handlers_back():
     """A block inside another (a script calling `main` within its own) leaves the outer one's handlers, hook and
     thread alone; once the outer ends, the caller's handlers and hook are back. Found in review: the inner block
     replaced the outer one's queue, and the outer one then waited for its thread forever."""
-    import subprocess
-    import sys
-
-    try:
-        proc = subprocess.run([sys.executable, "-c", NESTED], capture_output=True, text=True, timeout=HANG_GUARD_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still waiting after {HANG_GUARD_S} s")
+    proc = run_guarded(NESTED)
     assert proc.stdout.split() == ["interrupted", "given", "back"], proc.stderr[-2000:]
 
 
