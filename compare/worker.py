@@ -170,7 +170,7 @@ def native_weights(request: dict, send) -> dict:
     def progress(epoch, epochs):
         send(event="progress", engine=ENGINE, path=f"{ENGINE}-{path}", stage="train", epoch=epoch, epochs=epochs)
 
-    start = time.perf_counter()  # timed as the launchers time theirs: the model's build, and the training
+    start = time.perf_counter()  # fit's seconds as its launchers count them: the model's build and fit
     model = _model(request, data)
     if request.get("nudge"):
         nudge(model)
