@@ -217,8 +217,8 @@ def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) ->
                                                 ("worker", processes))
     gap = _gap(one, many)
     return {"check": f"data_parallel/{name}", "runtime": runtime, "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
-            "passed": gap <= DATA_PARALLEL_ATOL, "seconds": {"1": one_seconds, str(processes): many_seconds},
-            "samples_per_s": {"1": samples / one_seconds, str(processes): samples / many_seconds}}
+            "passed": gap <= DATA_PARALLEL_ATOL, "seconds": {"one": one_seconds, "many": many_seconds},
+            "samples_per_s": {"one": samples / one_seconds, "many": samples / many_seconds}}
 
 
 def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path, incomplete: dict) -> dict | None:
@@ -227,21 +227,21 @@ def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path,
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
     config, found = {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size,
                      "learning_rate": cfg.learning_rate}, {}
-    for count in (1, processes):
-        out = folder / f"walk-forward-{count}.npz"
+    for run, count in (("one", 1), ("many", processes)):  # apart even when `processes` is 1
+        out = folder / f"walk-forward-{run}.npz"
         launched = _launch("jax", count, folder / "windows.npz", out, config, "keras_side.models:har",
                            "--walk-forward")
         if launched.returncode != 0:
             incomplete["walk-forward"] = _failure(launched, f"{count} processes", f"{out.stem}.log")
             return None
         with np.load(out) as z:
-            found[count] = (z["forecasts"], float(z["seconds"]))
+            found[run] = (z["forecasts"], float(z["seconds"]))
     models = int((windows["rows"] > 0).sum())
-    gap = _gap([found[1][0]], [found[processes][0]])
+    gap = _gap([found["one"][0]], [found["many"][0]])
     return {"check": "data_parallel/walk-forward", "runtime": "jax.distributed, N procs",
             "gap": gap, "tolerance": SHARDED_ATOL, "passed": gap <= SHARDED_ATOL,
-            "seconds": {str(c): s for c, (_, s) in found.items()},
-            "samples_per_s": {str(c): models / s for c, (_, s) in found.items()}, "unit": "models/s"}
+            "seconds": {run: s for run, (_, s) in found.items()},
+            "samples_per_s": {run: models / s for run, (_, s) in found.items()}, "unit": "models/s"}
 
 
 def _failure(launched: subprocess.CompletedProcess, what: str, log: str) -> str:

@@ -273,7 +273,7 @@ def print_distributed(found: dict) -> None:
                   "training samples)", title_justify="left")
     for engine, row in found["engines"].items():
         mark = "[green]✓[/green]" if row["passed"] else "[red]✗[/red]"
-        one, many = row["samples_per_s"]["1"], row["samples_per_s"][n]
+        one, many = row["samples_per_s"]["one"], row["samples_per_s"]["many"]
         unit = row.get("unit", "samples/s")
         table.add_row(row["check"], f"{mark} {row['gap']:.1e}", f"{row['tolerance']:g}", f"{one:,.0f}",
                       f"{many:,.0f}", unit, f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))

@@ -22,7 +22,7 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     for name, row in report["engines"].items():  # the walk-forward's forecasts: SHARDED_ATOL, the models' own
         assert row["passed"] and row["gap"] <= row["tolerance"] == (SHARDED_ATOL if name == "walk-forward" else
                                                                     DATA_PARALLEL_ATOL)
-        assert set(row["samples_per_s"]) == {"1", "2"} and all(v > 0 for v in row["samples_per_s"].values())
+        assert set(row["samples_per_s"]) == {"one", "many"} and all(v > 0 for v in row["samples_per_s"].values())
     assert report["seed"] == 0 and "keras" in report["versions"]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["distributed.json"]  # no scratch left
     assert "data_parallel/torch" in capsys.readouterr().out
@@ -158,6 +158,19 @@ def test_fit_checks_are_skipped_with_a_note_when_a_batch_cannot_split():
     assert len(notes) == 2 and "over 1 device it is plain fit" in notes[1]
 
 
+def test_one_process_against_one_keeps_both_throughputs(tmp_path):
+    """--processes 1: the worker's baseline and the launch are two runs, each with its own seconds (both were keyed
+    "1", so the launch's overwrote the baseline's and the ratio was 1 whatever was measured)."""
+    from compare import distributed
+    from keras_side.config import save_trained
+
+    save_trained(tmp_path / "torch-worker.npz", [np.zeros(3, np.float32)], 2.0)
+    save_trained(tmp_path / "torch-1.npz", [np.zeros(3, np.float32)], 4.0)
+    row = distributed._row("torch", "DDP", tmp_path, 1, samples=8)
+    assert row["seconds"] == {"one": 2.0, "many": 4.0} and row["samples_per_s"] == {"one": 4.0, "many": 2.0}
+    assert row["passed"] and row["gap"] == 0
+
+
 class _Nudged:
     """A pool whose workers' runs from one ulp away end `drift` from their runs: what `_measure_rounding` asks."""
 
@@ -186,7 +199,7 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
     def row(name, gap):
         save_trained(tmp_path / f"{name}-worker.npz", [np.zeros(3, np.float32)], 1.0)
         return {"check": f"data_parallel/{name}", "runtime": "r", "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
-                "passed": gap <= DATA_PARALLEL_ATOL, "samples_per_s": {"1": 1.0, "2": 1.0}}
+                "passed": gap <= DATA_PARALLEL_ATOL, "samples_per_s": {"one": 1.0, "many": 1.0}}
 
     found = {"torch": row("torch", 1.5e-3), "jax": row("jax", 3e-7), "keras-jax": row("keras-jax", 0.13)}
     pool = _Nudged(drift)
