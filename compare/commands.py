@@ -247,6 +247,10 @@ def compare(args: argparse.Namespace) -> int:
             figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"]
                                                 for n, r in results.items()}, ols.slope_dict())
     report.console().print(f"report: {out}/report.json, curves.png" + (", slopes.png" if ols else ""))
+    for engine in outcome.failed:  # the one line says what; the worker's log has the traceback, if there was one
+        if (out / "engines" / engine / "worker.log").exists():
+            report.console().print(f"{engine}: the worker's output (a traceback, if it raised): "
+                                   f"{out}/engines/{engine}/worker.log")
     if outcome.failed:
         return 3
     return 0 if all(c.passed for c in found) else 1

@@ -156,13 +156,17 @@ def test_a_line_printed_before_the_protocol_is_not_an_event(tmp_path, monkeypatc
     assert code == 0 and report["incomplete"] == []
 
 
-def test_a_worker_whose_training_fails_is_asked_nothing_after_it(tmp_path, monkeypatch):
-    """The gradients follow each worker's own training (`Pool.each(..., then=...)`): not after a failed one."""
+def test_a_worker_whose_training_fails_is_asked_nothing_after_it(tmp_path, monkeypatch, capsys):
+    """The gradients follow each worker's own training (`Pool.each(..., then=...)`): not after a failed one. The
+    failure is one line in the report; its traceback is in the worker's log, which the run folder keeps and names."""
     code, report = faulty_run(tmp_path, monkeypatch, "train-fails-on-torch", "torch,jax")
     assert code == 3 and {i["engine"]: i["reason"] for i in report["incomplete"]} == {
         "torch": "ZeroDivisionError: division by zero"}
     logs = {e: (tmp_path / "run" / "engines" / e / "worker.log").read_text() for e in ("torch", "jax")}
     assert "gradients asked" not in logs["torch"] and "gradients asked" in logs["jax"]
+    assert "Traceback" in logs["torch"] and "ZeroDivisionError" in logs["torch"]
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"torch: the worker's output (a traceback, if it raised): {tmp_path}/run/engines/torch/worker.log" in out
     assert any(c["name"] == "gradient_formula/jax" and c["passed"] for c in report["checks"])
 
 
