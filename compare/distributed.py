@@ -12,8 +12,9 @@ own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for 
 it over N devices against plain `fit` (in the worker of the one-process run) too: `data_parallel/keras-<engine>`, on
 training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven
 one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports
-and the join not counted; compiles counted, in both), measured in this run, never asserted. The one-device runs are
-the pool's worker, on one thread as every worker; the launches take each engine's default threads.
+and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run computes on one
+thread a process, as the pool's workers do (torch and TensorFlow by `seed_everything`, JAX by its XLA flags), so a
+ratio is one process against N, not one thread against an engine's default pool.
 """
 from __future__ import annotations
 
@@ -65,9 +66,10 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
                    "-m", "native.torch.ddp", *args]
     elif engine == "jax" and fit:
         command = [sys.executable, "-m", "native.jax.sharded", "--fit", "--devices", str(processes), *args]
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={processes}"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={processes} {runner.XLA_ONE_THREAD}"
     elif engine == "jax":
         command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
+        env["XLA_FLAGS"] = runner.XLA_ONE_THREAD
     else:  # one process, `processes` replicas on as many logical CPUs
         command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args,
                    *(["--fit"] if fit else [])]

@@ -172,6 +172,20 @@ def test_one_process_against_one_keeps_both_throughputs(tmp_path):
     assert row["passed"] and row["gap"] == 0
 
 
+@pytest.mark.parametrize("fit", [False, True])
+def test_a_jax_launch_computes_on_one_thread_a_process_as_the_worker_does(tmp_path, monkeypatch, fit):
+    """The throughput ratio is one process against N: a JAX launch gets the workers' one-thread XLA flags (with fit,
+    beside its N host devices), as torch's and TensorFlow's launches get one thread from seed_everything."""
+    from compare import distributed, runner
+
+    seen = {}
+    monkeypatch.setattr(distributed, "_run", lambda command, env, log: seen.update(command=command, env=env))
+    distributed._launch("jax", 2, tmp_path / "d.npz", tmp_path / "o.npz", {}, "keras_side.models:har", fit=fit)
+    flags = seen["env"]["XLA_FLAGS"].split()
+    assert set(runner.XLA_ONE_THREAD.split()) <= set(flags)
+    assert ("--xla_force_host_platform_device_count=2" in flags) is fit
+
+
 class _Nudged:
     """A pool whose workers' runs from one ulp away end `drift` from their runs: what `_measure_rounding` asks."""
 
