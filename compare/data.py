@@ -80,6 +80,8 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     frame["fecha"] = _calendar_days(frame["fecha"])
     frame["activo"] = frame["activo"].astype(str)
     for col in ("rendimiento", "rv_5min"):
+        if pd.api.types.is_bool_dtype(frame[col]):  # to_numeric would read True/False as 1/0
+            raise HarDataError(f"column {col!r} holds True/False, not numbers; write the values themselves")
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     _require_finite(frame, "rendimiento", np.isfinite(frame["rendimiento"]), "must be a finite number")
     _require_finite(frame, "rv_5min", np.isfinite(frame["rv_5min"]) & (frame["rv_5min"] > 0),
@@ -102,7 +104,11 @@ def _calendar_days(values: pd.Series) -> pd.Series:
     """Dates as naive timestamps, each row keeping its own calendar date: a daily panel's day is the day it was
     recorded in, whatever its time zone. Dates with one time zone drop it; dates with several offsets (an export
     across a daylight-saving change), some with a zone and some without, or in several formats, are read one by
-    one."""
+    one. A time of day is dropped too (two rows of one day are a duplicate); numbers are refused (pandas would read
+    them as nanoseconds since 1970)."""
+    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_datetime64_any_dtype(values):
+        raise HarDataError(f"column 'fecha' holds numbers ({values.iloc[0]}, ...), not dates; write them as "
+                           "YYYY-MM-DD")
     try:
         with warnings.catch_warnings():  # "Could not infer format": pandas then reads each value alone, as we want
             warnings.simplefilter("ignore", UserWarning)
@@ -110,10 +116,10 @@ def _calendar_days(values: pd.Series) -> pd.Series:
     except (ValueError, TypeError):  # several offsets, or formats pandas does not infer from the first value
         try:
             dates = pd.Series([pd.Timestamp(v).tz_localize(None) for v in values], index=values.index)
-            return pd.to_datetime(dates)
+            return pd.to_datetime(dates).dt.normalize()
         except (ValueError, TypeError):
             raise HarDataError("column 'fecha' has values that are not dates; write them as YYYY-MM-DD") from None
-    return dates.dt.tz_localize(None) if dates.dt.tz is not None else dates
+    return (dates.dt.tz_localize(None) if dates.dt.tz is not None else dates).dt.normalize()
 
 
 def _require_finite(frame: pd.DataFrame, col: str, ok: pd.Series, why: str) -> None:
@@ -185,12 +191,24 @@ def split_three(design: pd.DataFrame, split: str, end: str | None,
         raise HarDataError(f"unknown validation {validation!r}; --validation takes {' or '.join(VALIDATIONS)}")
     train, test = split_dates(design, split, end)
     if validation == "test":
+        require_spread(train, (*HAR, "y"))
         return train, test, test
     start = _date(split, "--split") - pd.DateOffset(years=1)
     val, train = train[train.index >= start], train[train.index < start]
     _enough(("training (before the validation year)", train), ("validation", val),
             fix="move --split later, or pass --validation test")
+    require_spread(train, (*HAR, "y"))
     return train, val, test
+
+
+def require_spread(train: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """The inputs are scaled by their spread over the training rows, and OLS needs it: a column that does not vary
+    there (the asset's 'rv_5min' constant before --split, though not after) has none."""
+    flat = [c for c in columns if not train[c].std(ddof=0) > 0]
+    if flat:
+        raise HarDataError(f"{', '.join(flat)} do not vary over the {len(train)} training rows ({train.index.min():%Y-%m-%d}"
+                           f" to {train.index.max():%Y-%m-%d}): 'rv_5min' is constant there, so they cannot be scaled "
+                           "and OLS has no answer; fix the data, or move --split")
 
 
 def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end") -> None:

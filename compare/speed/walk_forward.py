@@ -103,6 +103,7 @@ def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, ever
     for asset in assets:
         design = har_data.har_features(panel, asset)
         train, test = har_data.of_asset(asset, har_data.split_dates, design, split, end)
+        har_data.of_asset(asset, har_data.require_spread, train, (*har_data.HAR, "y"))  # its first window's scaling
         designs.append((design.iloc[: len(train) + len(test)], len(train)))
     n = max(len(d) for d, _ in designs)
     refits = [range(first, len(d), every) for d, first in designs]

@@ -23,6 +23,8 @@ def files(tmp_path_factory, panel):
     infinite.loc[30, "rv_5min"] = np.inf
     constant = good.copy()
     constant.loc[constant["activo"] == "oro", "rv_5min"] = 1e-4
+    flat = good.copy()  # constant before the validation year only: the asset as a whole is not constant
+    flat.loc[(flat["activo"] == "indice") & (flat["fecha"] < "2017-01-01"), "rv_5min"] = 1e-4
     no_date, no_asset = good.copy(), good.copy()
     no_date["fecha"] = no_date["fecha"].astype(object)
     no_date.loc[[9, 12], "fecha"] = None  # read as NaT, a date of its own, until they were refused
@@ -37,6 +39,7 @@ def files(tmp_path_factory, panel):
         "duplicates": write("dup.parquet", good.iloc[list(range(100)) + [7]]),
         "infinite": write("infinite.parquet", infinite),
         "constant": write("constant.parquet", constant),
+        "flat": write("flat.parquet", flat),
         "no_date": write("no_date.parquet", no_date),
         "no_asset": write("no_asset.parquet", no_asset),
     }
@@ -51,6 +54,7 @@ CASES = [
     (["--data", "duplicates"], "1 duplicate (fecha, activo) rows"),
     (["--data", "infinite"], "'rv_5min' has 1 missing or invalid values (first on"),
     (["--data", "constant"], "'rv_5min' is constant for asset(s) 'oro'"),
+    (["--data", "flat"], "d1, s5, m22, y do not vary over the 2263 training rows (2008-02-01 to"),
     (["--data", "good", "--split", "2025-12-20"], "only "),
     (["--data", "good", "--split", "1999-01-01"], "split date 1999-01-01 is outside the data"),
     (["--data", "good", "--split", "2009-03-01"], "training (before the validation year) rows (need at least 50)"),

@@ -164,8 +164,13 @@ def test_scaling_maps_back_to_original_units(har, ols_fit):
         (lambda f: f.assign(rv_5min=f["rv_5min"].where(f.index != 3, np.nan)), "'rv_5min' has 1 missing"),
         (lambda f: pd.concat([f, f.iloc[[10]]]), "1 duplicate (fecha, activo) rows"),
         (lambda f: f.assign(fecha="not a date"), "column 'fecha' has values that are not dates"),
+        (lambda f: f.assign(fecha=np.arange(len(f))), "column 'fecha' holds numbers (0, ...), not dates"),
+        # the same day at another hour: a second row for that day, not a day of its own
+        (lambda f: pd.concat([f, f.iloc[[10]].assign(fecha=f["fecha"].iloc[10] + pd.Timedelta(hours=15))]),
+         "1 duplicate (fecha, activo) rows"),
+        (lambda f: f.assign(rendimiento=f["rendimiento"] > 0), "column 'rendimiento' holds True/False, not numbers"),
     ],
-    ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date"],
+    ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date", "numbers-as-dates", "same-day", "booleans"],
 )
 def test_validate_rejects(panel, mutate, message):
     with pytest.raises(HarDataError) as err:
