@@ -29,8 +29,8 @@ from keras_side.zoo import ZOO
 
 def _data_options(p: argparse.ArgumentParser, asset_help: str = f"asset to model (default: {har_data.DEFAULT_ASSET})",
                   asset_default: str | None = har_data.DEFAULT_ASSET, validation: bool = True) -> None:
-    p.add_argument("--data", metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, rv_5min); "
-                   "default: the embedded synthetic panel")
+    p.add_argument("--data", type=_path, metavar="FILE", help="your parquet or CSV (fecha, activo, rendimiento, "
+                   "rv_5min); default: the embedded synthetic panel")
     # None when left out (main fills in asset_default), so that a command can tell a user's --asset from the default
     p.add_argument("--asset", default=None, help=asset_help)
     p.set_defaults(asset_default=asset_default)
@@ -47,6 +47,13 @@ def _train_options(p: argparse.ArgumentParser, default: str = str(TrainConfig.ep
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
 
 
+def _path(text: str) -> str:
+    """A path option's value; an empty one names nothing (it was read as the default, or as '.')."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no path; give one, or leave the option out")
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's own errors (a missing or mistyped option) in our one-line form: argparse prints its usage first."""
 
@@ -61,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="write the synthetic panel and summarize a data set")
     _data_options(p)
-    p.add_argument("--out", metavar="FILE", help="write the synthetic panel (parquet) here")
+    p.add_argument("--out", type=_path, metavar="FILE", help="write the synthetic panel (parquet) here")
     p.add_argument("--seed", type=int, default=har_data.DEFAULT_DATA_SEED, help="generator seed")
 
     p = sub.add_parser("models", help="list the layers of every model builder")
@@ -73,8 +80,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--path", required=True, help="keras-<engine>, keras-<engine>-train-step, <engine>-native, "
                    "jax-native-scan, torch-native-compile, or torch-native[-compile]-engine (torch's stock Adam), "
                    "e.g. jax-native")
-    p.add_argument("--checkpoint", metavar="DIR", default=None, help="a native loop writes a checkpoint to DIR at the "
-                   "end of every epoch (the Keras weights, the optimizer's state with the engine's own tool)")
+    p.add_argument("--checkpoint", type=_path, metavar="DIR", default=None, help="a native loop writes a checkpoint "
+                   "to DIR at the end of every epoch (the Keras weights, the optimizer's state with the engine's own "
+                   "tool)")
     p.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --checkpoint DIR")
 
     p = sub.add_parser("compare", help="every path on every engine, the parity checks and the report")
@@ -87,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
                    f"every epoch for the HAR, the first {SAME_ARITHMETIC_EPOCHS} for another model)")
     p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
     p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("bench", help="time every training path in one run; ratios to fit and to a NumPy floor")
     _data_options(p)
@@ -96,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per path (default: %(default)s)")
     p.add_argument("--models", default=None, help="comma-separated zoo models to time too (fit, the native loop, "
                    "JAX's fused scan), or 'all'; `native-loops models` lists them")
-    p.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the timings as JSON")
 
     p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")
     _data_options(p, asset_help="asset whose forecasts forecasts.png shows (default: the first of --assets)",
@@ -106,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=2, help="also shard the models over this many devices (on CPU: "
                    "host devices made by XLA; default: %(default)s)")
     p.add_argument("--fit-refits", type=int, default=3, help="refits timed with model.fit, then extrapolated")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("distributed", help="each engine's data-parallel native loop in N processes against one "
                        "process: the weights they end at (exit 0 only when equal) and the throughput")
@@ -119,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
                    "Keras's own distribution, JAX and TensorFlow (default: yes; --no-fit: the native loops only)")
     p.add_argument("--model", default="har", help="a zoo model (default: %(default)s): har, mlp_l2, bn_mlp, lstm, "
                    "conv1d, two_horizons, classifier, panel; dropout_mlp with --engines jax")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("seeds", help="the model trained with many seeds at once on each engine: is the gap between "
                        "engines' default runs bigger than a change of seed? (exit 0 only when it is not)")
@@ -129,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated (default: %(default)s)")
     p.add_argument("--model", default="har", help="a zoo model (default: %(default)s; slopes are the HAR's): "
                    f"{', '.join(ZOO)}")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("sweep", help="a grid of learning rates × batch sizes of the HAR, every seed of a batch size "
                        "in one vmapped call: validation MSE per cell against OLS")
@@ -140,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="32,128,512", help="comma-separated (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=8, help="seeds per cell, averaged (default: %(default)s)")
     p.add_argument("--engines", default="jax,torch", help="comma-separated, of jax and torch (default: %(default)s)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("zoo", help="every zoo model × optimizer: fit against each native loop, same weights and "
                        "batches; exit 0 only when every cell is within tolerance")
@@ -154,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-paths", action=argparse.BooleanOptionalAction, default=True,
                    help="also judge each engine's fast path: torch's compiled loop, JAX's fused scan (default: on; "
                    "--no-fast-paths skips their compiles)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default: a fresh folder under runs/)")
+    p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
     return top
 
 
@@ -284,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[args.command](args)
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path the system refused where no check named it (a name too long, ...): one line too
+        if err.filename is None:
+            raise
+        print(f"native-loops: error: {str(err.filename)!r}: {err.strerror}; check the path", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("native-loops: interrupted", file=sys.stderr)

@@ -43,7 +43,7 @@ def data(args: argparse.Namespace) -> int:
         refuse_asset(args, "data summarizes every asset")
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
-    if args.out is not None and Path(args.out).suffix != ".parquet":
+    if args.out is not None and Path(args.out).suffix.lower() != ".parquet":
         raise NativeLoopsError(f"--out {args.out!r}: the panel is written as parquet; give a file name ending in "
                                ".parquet")
     if args.out and Path(args.out).exists():
@@ -112,8 +112,6 @@ CHECKPOINTED = ("torch-native", "torch-native-compile", "torch-native-engine", "
 
 def train(args: argparse.Namespace) -> int:
     path, cfg = paths.get(args.path), train_config(args)
-    if args.checkpoint == "":
-        raise NativeLoopsError("--checkpoint '' names no folder; give the folder to write the checkpoints in")
     if args.resume and not args.checkpoint:
         raise NativeLoopsError("--resume goes on from the checkpoints in --checkpoint DIR; give that folder")
     if args.checkpoint and path.name not in CHECKPOINTED:

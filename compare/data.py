@@ -43,6 +43,8 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
     path = Path(path)
     if path.is_dir():
         raise HarDataError(f"--data {str(path)!r} is a folder; pass the parquet or CSV file itself")
+    if path.exists() and not path.is_file():  # a device, a named pipe: nothing to read a panel from
+        raise HarDataError(f"--data {str(path)!r} is not a regular file; pass the parquet or CSV file itself")
     if not path.is_file():
         raise HarDataError(f"data file {str(path)!r} does not exist; pass an existing parquet or CSV with --data")
     suffix = path.suffix.lower()
@@ -206,9 +208,10 @@ def require_spread(train: pd.DataFrame, columns: tuple[str, ...]) -> None:
     there (the asset's 'rv_5min' constant before --split, though not after) has none."""
     flat = [c for c in columns if not train[c].std(ddof=0) > 0]
     if flat:
-        raise HarDataError(f"{', '.join(flat)} do not vary over the {len(train)} training rows ({train.index.min():%Y-%m-%d}"
-                           f" to {train.index.max():%Y-%m-%d}): 'rv_5min' is constant there, so they cannot be scaled "
-                           "and OLS has no answer; fix the data, or move --split")
+        first, last = train.index.min(), train.index.max()
+        raise HarDataError(f"{', '.join(flat)} do not vary over the {len(train)} training rows ({first:%Y-%m-%d} to "
+                           f"{last:%Y-%m-%d}): 'rv_5min' is constant there, so they cannot be scaled and OLS has no "
+                           "answer; fix the data, or move --split")
 
 
 def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end") -> None:

@@ -35,15 +35,15 @@ def check_writable(path: str | Path) -> None:
 
 def _temp_beside(path: Path) -> Path:
     """A new, empty temporary file beside `path`; one line naming the problem when there can be none."""
-    if path.is_dir():
-        raise NativeLoopsError(f"{str(path)!r} is a folder; name a file to write")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise NativeLoopsError(f"{str(path.parent)!r} is a file, not a folder; choose another path")
-    if not path.parent.is_dir():
-        raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another path")
     try:
+        if path.is_dir():
+            raise NativeLoopsError(f"{str(path)!r} is a folder; name a file to write")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise NativeLoopsError(f"{str(path.parent)!r} is a file, not a folder; choose another path")
+        if not path.parent.is_dir():
+            raise NativeLoopsError(f"folder {str(path.parent)!r} does not exist; create it or choose another path")
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
+    except OSError as err:  # a name too long, a folder that cannot be looked into or written
         raise NativeLoopsError(f"cannot write {str(path)!r} ({err.strerror}: {err.filename!r}); choose a writable "
                                "place") from None
     os.close(fd)
@@ -69,10 +69,13 @@ def atomic_folder(path: str | Path):
     try:
         made = [p for p in path.parents if not p.exists()]  # the parents this run creates, deepest first
         blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    except OSError as err:  # a parent that cannot be looked into (no permission)
+        link = path.is_symlink()
+    except OSError as err:  # a parent that cannot be looked into (no permission), a name too long
         raise _cannot_create(path, err) from None
     if blocking is not None:
         raise NativeLoopsError(f"--out {str(path)!r}: {str(blocking)!r} is a file, not a folder; choose another path")
+    if link:  # the final rename would replace the link, not fill the folder it names
+        raise NativeLoopsError(f"--out {str(path)!r} is a symbolic link; give the folder it points to, or a new path")
     lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +93,10 @@ def atomic_folder(path: str | Path):
     try:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise NativeLoopsError(f"--out {str(path)!r} already exists and is not an empty folder; choose a new one")
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        try:
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        except OSError as err:  # a name too long for the temporary folder's
+            raise _cannot_create(path, err) from None
         tmp.chmod(0o755)
         yield tmp
         try:

@@ -252,7 +252,7 @@ class Pool:
 def behind_nice() -> int:
     """How much lower the workers off the critical path run: NATIVE_LOOPS_NICE, or BEHIND_NICE."""
     value = os.environ.get(NICE_VARIABLE, str(BEHIND_NICE))
-    if not (value.isdigit() and int(value) <= 19):
+    if not (value.isascii() and value.isdigit() and int(value) <= 19):
         raise NativeLoopsError(f"{NICE_VARIABLE} must be a niceness from 0 to 19, got {value!r}; unset it for "
                                f"{BEHIND_NICE}")
     return int(value)

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,27 @@ def completed(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _check_writable(root: Path) -> None:
+    """A CheckpointError now, not after the first epoch has trained, when `root` cannot hold checkpoints: a file, a
+    folder under a file, a name too long, no permission. Folders made to find out are removed again."""
+    made = []
+    try:
+        if root.exists() and not root.is_dir():
+            raise CheckpointError(f"checkpoint folder {root} is a file; give a folder")
+        made = [p for p in (root, *root.parents) if not p.exists()]
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as err:
+        raise CheckpointError(f"checkpoint folder {root} cannot be written ({err.strerror}); give a writable "
+                              "folder") from None
+    finally:
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
 class Checkpoints:
     """One run's checkpoints under `root`. `resume=False` refuses a folder that holds another run's epochs (never
     overwritten); `resume=True` reads the last one (none yet: the run starts from scratch) and checks it is this
@@ -89,8 +111,7 @@ class Checkpoints:
                             "the checkpoint")
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
-        if self.root.exists() and not self.root.is_dir():
-            raise CheckpointError(f"checkpoint folder {self.root} is a file; give a folder")
+        _check_writable(self.root)
         found = completed(self.root)
         self.saved = None
         if found and not resume:

@@ -114,7 +114,9 @@ TRAINING_CASES = [
     (["sweep", "--batch-sizes", "9" * 23], f"--batch-sizes {'9' * 23}: larger than the 2,263 training rows"),
     (["walk-forward", "--fit-refits", "10000"], "--fit-refits 10,000: there are 582 refits to time"),
     (["walk-forward", "--devices", "100000"], "of this machine's"),
-    (["train", "--path", "jax-native", "--checkpoint", ""], "--checkpoint '' names no folder"),
+    (["train", "--path", "jax-native", "--checkpoint", ""], "argument --checkpoint: '' names no path"),
+    (["zoo", "--out", ""], "argument --out: '' names no path"),  # was read as no --out: a folder under runs/
+    (["bench", "--json", " "], "argument --json: ' ' names no path"),  # was read as no --json: nothing written
     (["data", "--out", "panel.csv"], "the panel is written as parquet; give a file name ending in .parquet"),
     # argparse's own errors, in the same one line
     (["train", "--path", "jax-native", "--epochs", "abc"], "argument --epochs: invalid int value: 'abc'; see "
@@ -193,6 +195,30 @@ def test_an_out_folder_under_one_that_cannot_be_looked_into_is_one_line(tmp_path
     assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
+LONG = "a" * 245  # a file name of 245 bytes is allowed; the temporary names made beside it (+14) are not
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "--out", "{tmp}/link-to-empty"], "is a symbolic link; give the folder it points to"),
+    (["compare", "--out", "{tmp}/dangling"], "is a symbolic link"),
+    (["compare", "--out", "{tmp}/" + LONG], "cannot be created (File name too long"),
+    (["data", "--out", "{tmp}/" + LONG + "aaaaa.parquet"], "File name too long; check the path"),
+    (["data", "--data", "{tmp}/" + LONG * 2 + ".csv"], "File name too long; check the path"),
+    (["bench", "--json", "{tmp}/" + LONG * 2 + ".json"], "File name too long"),
+], ids=["link", "dangling-link", "long-out", "long-data-out", "long-data", "long-json"])
+def test_paths_the_system_refuses_are_one_line_before_any_work(tmp_path, capsys, args, message):
+    """An --out that is a symbolic link was refused only by the last rename, after the whole run, with its results
+    left in a hidden folder; names too long for the system were tracebacks."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link-to-empty").symlink_to(tmp_path / "empty")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("native-loops: error: ") and message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and list((tmp_path / "empty").iterdir()) == []
+
+
 def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
     """A parquet whose dates carry a time zone (as many exports do) is the same data set as the naive one."""
     from compare import data
@@ -258,7 +284,8 @@ def test_a_failed_run_removes_the_folders_it_made(tmp_path):
                 d.with_suffix(".csv"))[1], "the CSV looks separated by ';'"),
     (lambda d: (d.with_suffix(".csv").write_text("fecha,activo,rendimiento,rv_5min\n"), d.with_suffix(".csv"))[1],
      "the data has its columns but no rows"),
-], ids=["folder", "semicolons", "header-only"])
+    (lambda d: type(d)("/dev/null"), "'/dev/null' is not a regular file"),  # it was "does not exist"
+], ids=["folder", "semicolons", "header-only", "device"])
 def test_data_files_that_are_not_a_panel_are_named(tmp_path, capsys, make, message):
     data = make(tmp_path / "panel")
     assert cli.main(["data", "--data", str(data)]) == 2

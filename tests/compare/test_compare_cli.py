@@ -430,12 +430,13 @@ def test_the_workers_off_the_critical_path_run_at_a_lower_priority(tmp_path, mon
         runner.Pool(every, tmp_path / "bad")
 
 
-def test_a_bad_niceness_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(runner.NICE_VARIABLE, "ten")
+@pytest.mark.parametrize("value", ["ten", "²", "٣"])  # str.isdigit takes the last two; int() refuses "²"
+def test_a_bad_niceness_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, value):
+    monkeypatch.setenv(runner.NICE_VARIABLE, value)
     assert cli.main(["compare", "--out", str(tmp_path / "run")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == ("native-loops: error: NATIVE_LOOPS_NICE must be a niceness from 0 to 19, got 'ten'; "
-                                 "unset it for 10\n")
+    assert out == "" and err == (f"native-loops: error: NATIVE_LOOPS_NICE must be a niceness from 0 to 19, got "
+                                 f"{value!r}; unset it for 10\n")
     assert not (tmp_path / "run").exists()
 
 

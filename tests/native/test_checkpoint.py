@@ -110,6 +110,19 @@ def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_p
     assert (snapshot(folder), sorted(p.name for p in folder.iterdir())) == before
 
 
+@pytest.mark.parametrize("where, message", [
+    ("file/c", "cannot be written (Not a directory)"), ("a/" + "c" * 300, "cannot be written (File name too long)"),
+    ("file", "is a file; give a folder")])
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(har, tmp_path, where, message):
+    """Found out at the first save, after an epoch of training, it was a traceback; the folders made to find out
+    are removed again."""
+    (tmp_path / "file").write_text("")
+    steps = []
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train(har, checkpoint=tmp_path / where, on_step=lambda loss=None: steps.append(loss))
+    assert steps == [] and [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
 def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
     with pytest.raises(SpecError, match="checkpoints do not carry early stopping"):
         PATH.train(stateful_mlp(), har, CFG.replace(patience=2), checkpoint=tmp_path / "c")
