@@ -55,7 +55,7 @@ def data(args: argparse.Namespace) -> int:
         synthetic.write_parquet(panel, args.out, seed=args.seed)
     report.print_data_summary(panel, source, fits, synthetic.TRUE if args.data is None else None)
     if args.out:
-        report.console().print(f"wrote {args.out}")
+        report.console().print(f"wrote {args.out.encode('utf-8', 'replace').decode()}")
     return 0
 
 

@@ -51,12 +51,13 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
     if suffix not in (".parquet", ".pq", ".csv"):
         raise HarDataError(f"data file {str(path)!r} is neither .parquet nor .csv; convert it or rename it")
     try:
-        frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+        with open(path, "rb") as file:  # the open file, not its name: pyarrow takes UTF-8 names only
+            frame = pd.read_csv(file) if suffix == ".csv" else pd.read_parquet(file)
     except Exception as err:  # any reader failure is the same user problem: the file is not what it says
         kind = "CSV" if suffix == ".csv" else "parquet"
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise HarDataError(f"cannot read {str(path)!r} as {kind} ({reason}); check the file is not damaged") from None
-    return validate(frame), str(path)
+    return validate(frame), str(path).encode("utf-8", "replace").decode()  # a name that is not UTF-8 prints
 
 
 def validate(frame: pd.DataFrame) -> pd.DataFrame:

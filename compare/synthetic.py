@@ -110,5 +110,5 @@ def write_parquet(frame: pd.DataFrame, path, *, seed: int, truth: TrueProcess = 
     table = pa.Table.from_pandas(frame, preserve_index=False)
     meta = {b"native_loops": json.dumps({"seed": seed, "true_process": truth.as_dict()}).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
-    with atomic_file(path) as tmp:
-        pq.write_table(table, tmp)
+    with atomic_file(path) as tmp, open(tmp, "wb") as out:  # a file, not its name: pyarrow takes UTF-8 names only
+        pq.write_table(table, out)

@@ -1,4 +1,5 @@
 """Bad input through the CLI: one line on stderr naming problem and fix, exit 2, nothing written."""
+import os
 import subprocess
 import sys
 
@@ -297,6 +298,15 @@ def test_data_out_never_overwrites(tmp_path, capsys):
     target.write_text("mine")
     assert cli.main(["data", "--out", str(target)]) == 2
     assert "already exists; choose a new file" in capsys.readouterr().err and target.read_text() == "mine"
+
+
+def test_a_panel_under_a_name_that_is_not_utf8_is_written_and_read(tmp_path, capsys):
+    """A file name with a byte that is not UTF-8 (Python carries it as a surrogate): pyarrow refused it by name, a
+    traceback on writing and "damaged" on reading; an upper-case suffix is a parquet name too."""
+    for name in (os.fsdecode(b"\xff.parquet"), "PANEL.PARQUET"):
+        assert cli.main(["data", "--out", str(tmp_path / name)]) == 0
+        assert cli.main(["data", "--data", str(tmp_path / name)]) == 0
+    assert "27,414 rows" in capsys.readouterr().out and len(list(tmp_path.iterdir())) == 2
 
 
 def test_a_short_asset_among_several_is_named(panel, tmp_path, capsys):
