@@ -293,11 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     except (NativeLoopsError, BackendError, SpecError, CheckpointError) as err:
         print(f"native-loops: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a path the system refused where no check named it (a name too long, ...): one line too
-        if err.filename is None:
-            raise
-        print(f"native-loops: error: {str(err.filename)!r}: {err.strerror}; check the path", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("native-loops: interrupted", file=sys.stderr)
         return 130

@@ -20,7 +20,7 @@ from compare.speed import walk_forward as walk
 from compare import zoo as zoo_matrix
 from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
-from compare.io import atomic_folder, check_writable, write_json
+from compare.io import atomic_folder, check_writable, exists, write_json
 from keras_side.backend import keras_defaults, use_backend
 from keras_side.config import ENGINES, HarData, versions
 from keras_side.spec import TrainConfig
@@ -46,7 +46,7 @@ def data(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).suffix.lower() != ".parquet":
         raise NativeLoopsError(f"--out {args.out!r}: the panel is written as parquet; give a file name ending in "
                                ".parquet")
-    if args.out and Path(args.out).exists():
+    if args.out and exists(args.out, "--out"):
         raise NativeLoopsError(f"--out {args.out!r} already exists; choose a new file (nothing is overwritten)")
     panel, source = load(args, seed=args.seed)
     fits = {a: har_data.of_asset(a, reference.ols_for, panel, a, args.split, args.end, har_data.HAR, args.validation)
@@ -55,7 +55,7 @@ def data(args: argparse.Namespace) -> int:
         synthetic.write_parquet(panel, args.out, seed=args.seed)
     report.print_data_summary(panel, source, fits, synthetic.TRUE if args.data is None else None)
     if args.out:
-        report.console().print(f"wrote {args.out.encode('utf-8', 'replace').decode()}")
+        report.console().print(f"wrote {report.shown(args.out)}")
     return 0
 
 
@@ -244,11 +244,11 @@ def compare(args: argparse.Namespace) -> int:
         if ols:
             figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"]
                                                 for n, r in results.items()}, ols.slope_dict())
-    report.console().print(f"report: {out}/report.json, curves.png" + (", slopes.png" if ols else ""))
+    report.console().print(f"report: {report.shown(out)}/report.json, curves.png" + (", slopes.png" if ols else ""))
     for engine in outcome.failed:  # the one line says what; the worker's log has the traceback, if there was one
         if (out / "engines" / engine / "worker.log").exists():
             report.console().print(f"{engine}: the worker's output (a traceback, if it raised): "
-                                   f"{out}/engines/{engine}/worker.log")
+                                   f"{report.shown(out)}/engines/{engine}/worker.log")
     if outcome.failed:
         return 3
     return 0 if all(c.passed for c in found) else 1
@@ -295,7 +295,7 @@ def bench(args: argparse.Namespace) -> int:
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
         write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed})
-        report.console().print(f"wrote {args.json}")
+        report.console().print(f"wrote {report.shown(args.json)}")
     return 3 if timings["incomplete"] else 0
 
 
@@ -338,7 +338,7 @@ def walk_forward(args: argparse.Namespace) -> int:
                    "notes": result["notes"]}
         write_json(tmp / "walk_forward.json", summary)
         figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
-    report.console().print(f"report: {out}/walk_forward.json, forecasts.png")
+    report.console().print(f"report: {report.shown(out)}/walk_forward.json, forecasts.png")
     return 0
 
 
@@ -369,7 +369,7 @@ def zoo(args: argparse.Namespace) -> int:
         figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])
         for scratch in tmp.glob("zoo-*.npz"):
             scratch.unlink()
-    report.console().print(f"report: {out}/zoo.json, zoo.png")
+    report.console().print(f"report: {report.shown(out)}/zoo.json, zoo.png")
     if found["incomplete"]:
         return 3
     return 0 if zoo_matrix.passed(found) else 1
@@ -412,7 +412,7 @@ def distributed(args: argparse.Namespace) -> int:
         kept = [] if found["incomplete"] else [*tmp.glob("*.log"), *tmp.glob("engines")]
         for scratch in [*tmp.glob("*.npz"), *kept]:
             shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
-    report.console().print(f"report: {out}/distributed.json")
+    report.console().print(f"report: {report.shown(out)}/distributed.json")
     if found["incomplete"]:
         return 3
     return 0 if dist.passed(found) else 1
@@ -456,7 +456,7 @@ def seeds(args: argparse.Namespace) -> int:
         figures.seeds(tmp / "seeds.png", spreads, prepared.features if har else (), args.model)
         shutil.rmtree(tmp / "engines")
         (tmp / "data.npz").unlink()
-    report.console().print(f"report: {out}/seeds.json, seeds.png")
+    report.console().print(f"report: {report.shown(out)}/seeds.json, seeds.png")
     if failed:
         return 3
     return 0 if all(c.passed for c in found) else 1
@@ -533,5 +533,5 @@ def sweep(args: argparse.Namespace) -> int:
         figures.sweep(tmp / "sweep.png", {e: f["val_mse"] for e, f in found.items()}, rates, sizes, ols.val_mse)
         shutil.rmtree(tmp / "engines")
         (tmp / "data.npz").unlink()
-    report.console().print(f"report: {out}/sweep.json, sweep.png")
+    report.console().print(f"report: {report.shown(out)}/sweep.json, sweep.png")
     return 0

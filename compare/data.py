@@ -41,6 +41,12 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
     if path is None:
         return synthetic.simulate(seed), f"synthetic(seed={seed})"
     path = Path(path)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass  # said below
+    except OSError as err:  # a name too long, a folder without permission
+        raise HarDataError(f"--data {str(path)!r}: {err.strerror}; check the path") from None
     if path.is_dir():
         raise HarDataError(f"--data {str(path)!r} is a folder; pass the parquet or CSV file itself")
     if path.exists() and not path.is_file():  # a device, a named pipe: nothing to read a panel from
@@ -80,11 +86,14 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
         if empty.any():
             raise HarDataError(f"column {col!r} has {int(empty.sum())} empty value(s) (the first in data row "
                                f"{int(np.argmax(empty)) + 1}); every row needs its date and its asset")
+    for col, kind in (("fecha", "dates"), ("rendimiento", "numbers"), ("rv_5min", "numbers")):
+        present = frame[col].dropna()  # with a missing value pandas keeps True/False as objects
+        if pd.api.types.is_bool_dtype(present) or (present.dtype == object and len(present) and present.map(
+                lambda v: isinstance(v, (bool, np.bool_))).all()):
+            raise HarDataError(f"column {col!r} holds True/False, not {kind}; write the values themselves")
     frame["fecha"] = _calendar_days(frame["fecha"])
     frame["activo"] = frame["activo"].astype(str)
     for col in ("rendimiento", "rv_5min"):
-        if pd.api.types.is_bool_dtype(frame[col]):  # to_numeric would read True/False as 1/0
-            raise HarDataError(f"column {col!r} holds True/False, not numbers; write the values themselves")
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     _require_finite(frame, "rendimiento", np.isfinite(frame["rendimiento"]), "must be a finite number")
     _require_finite(frame, "rv_5min", np.isfinite(frame["rv_5min"]) & (frame["rv_5min"] > 0),
@@ -109,7 +118,7 @@ def _calendar_days(values: pd.Series) -> pd.Series:
     across a daylight-saving change), some with a zone and some without, or in several formats, are read one by
     one. A time of day is dropped too (two rows of one day are a duplicate); numbers are refused (pandas would read
     them as nanoseconds since 1970)."""
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_datetime64_any_dtype(values):
+    if pd.api.types.is_numeric_dtype(values):
         raise HarDataError(f"column 'fecha' holds numbers ({values.iloc[0]}, ...), not dates; write them as "
                            "YYYY-MM-DD")
     try:
@@ -194,25 +203,23 @@ def split_three(design: pd.DataFrame, split: str, end: str | None,
         raise HarDataError(f"unknown validation {validation!r}; --validation takes {' or '.join(VALIDATIONS)}")
     train, test = split_dates(design, split, end)
     if validation == "test":
-        require_spread(train, (*HAR, "y"))
         return train, test, test
     start = _date(split, "--split") - pd.DateOffset(years=1)
     val, train = train[train.index >= start], train[train.index < start]
     _enough(("training (before the validation year)", train), ("validation", val),
             fix="move --split later, or pass --validation test")
-    require_spread(train, (*HAR, "y"))
     return train, val, test
 
 
-def require_spread(train: pd.DataFrame, columns: tuple[str, ...]) -> None:
-    """The inputs are scaled by their spread over the training rows, and OLS needs it: a column that does not vary
-    there (the asset's 'rv_5min' constant before --split, though not after) has none."""
+def require_spread(train: pd.DataFrame, columns) -> None:
+    """The inputs and targets are scaled by their spread over the training rows, and OLS needs it: a column that
+    does not vary there (an asset's 'rv_5min' constant before --split, though not after) has none."""
     flat = [c for c in columns if not train[c].std(ddof=0) > 0]
     if flat:
         first, last = train.index.min(), train.index.max()
-        raise HarDataError(f"{', '.join(flat)} do not vary over the {len(train)} training rows ({first:%Y-%m-%d} to "
-                           f"{last:%Y-%m-%d}): 'rv_5min' is constant there, so they cannot be scaled and OLS has no "
-                           "answer; fix the data, or move --split")
+        raise HarDataError(f"{', '.join(flat)} {'does' if len(flat) == 1 else 'do'} not vary over the {len(train):,} training rows ({first:%Y-%m-%d} to "
+                           f"{last:%Y-%m-%d}), so they cannot be scaled and OLS has no answer; fix the data there (a "
+                           "constant rv_5min?), or move --split")
 
 
 def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end") -> None:
@@ -241,6 +248,10 @@ def standardize(
     with several outputs) travel as a tuple. `extra_inputs`: one more input array per side (the panel's ids)."""
     train = sides[0]
     names = tuple(c for group in inputs for c in group)
+    if asset == "all":  # the panel: every asset's rows, scaled together
+        require_spread(train, (*names, *targets))
+    else:
+        of_asset(asset, require_spread, train, (*names, *targets))
     x_mean = train[list(names)].mean().to_numpy()
     x_std = train[list(names)].std(ddof=0).to_numpy()
     y_mean, y_std = float(train["y"].mean()), float(train["y"].std(ddof=0))
@@ -291,6 +302,7 @@ def prepare_sequences(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split:
     log_rv = np.log(panel[panel["activo"] == asset].set_index("fecha")["rv_5min"])
     lags = pd.concat([log_rv.shift(k) for k in range(SEQUENCE_DAYS, 0, -1)], axis=1).loc[design.index]
     sides = split_three(design, split, end, validation)
+    of_asset(asset, require_spread, sides[0], ("y",))
     mean, std = float(sides[0]["y"].mean()), float(sides[0]["y"].std(ddof=0))
 
     def arrays(side: pd.DataFrame):

@@ -13,8 +13,9 @@ it over N devices against plain `fit` (in the worker of the one-process run) too
 training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven
 one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports
 and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run computes on one
-thread a process, as the pool's workers do (torch and TensorFlow by `seed_everything`, JAX by its XLA flags), so a
-ratio is one process against N, not one thread against an engine's default pool.
+thread a process or device, as the pool's workers do (torch by `seed_everything`, JAX by its XLA flags, TensorFlow's
+replicas one thread each by `mirrored.use_cpus`), so a ratio is devices against one, not against an engine's default
+thread pool.
 """
 from __future__ import annotations
 

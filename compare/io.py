@@ -27,6 +27,15 @@ def atomic_file(path: str | Path):
             tmp.unlink()
 
 
+def exists(path: str | Path, option: str) -> bool:
+    """`Path.exists`, with a path the system refuses (a name too long, a folder without permission) as one line
+    naming the option that gave it."""
+    try:
+        return Path(path).exists()
+    except OSError as err:
+        raise NativeLoopsError(f"{option} {str(path)!r}: {err.strerror}; choose another path") from None
+
+
 def check_writable(path: str | Path) -> None:
     """A `NativeLoopsError` now, rather than after the work, when the file `path` could not be written; nothing
     is left behind (an existing file stays as it is)."""

@@ -56,6 +56,7 @@ def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, featur
     """OLS on the rows the models train on (`compare.data.split_three`: the validation year left out, unless
     `validation="test"`)."""
     train, val, test = har_data.split_three(har_data.har_features(panel, asset), split, end, validation)
+    har_data.require_spread(train, (*features, "y"))
     return ols(train, test, features, val)
 
 

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,6 +21,12 @@ from keras_side.spec import TrainConfig
 
 
 @functools.cache
+def shown(text) -> str:
+    """A user's path (or a message holding one) as rich should print it: brackets not read as markup, a byte that is
+    not UTF-8 replaced."""
+    return escape(str(text).encode("utf-8", "replace").decode())
+
+
 def console() -> Console:
     # A pipe or CI log gets a fixed, wide table rather than rich's 80 columns.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
@@ -28,7 +35,7 @@ def console() -> Console:
 def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], truth: TrueProcess | None) -> None:
     """Rows and dates per asset, the true process when known, and OLS per asset (original units)."""
     out = console()
-    out.print(f"[bold]data[/bold]: {source}, {len(panel):,} rows")
+    out.print(f"[bold]data[/bold]: {shown(source)}, {len(panel):,} rows")
     table = Table("asset", "rows", "first", "last", "d1", "s5", "m22", "intercept", "test MSE",
                   title="OLS per asset (HAR on log RV, fitted on the training rows, MSE on the test split)")
     by_asset = panel.groupby("activo")["fecha"].agg(["count", "min", "max"])
@@ -143,7 +150,7 @@ def print_checks(checks, failed_engines: dict[str, str]) -> None:
         table.add_row(mark, c.name, f"{c.value:.3g}", f"{c.tolerance:.3g}", c.note)
     console().print(table)
     for engine, why in failed_engines.items():
-        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+        console().print(f"[red]incomplete[/red]: {engine}: {shown(why)}")
     passed = sum(c.passed for c in checks)
     console().print(f"{passed} of {len(checks)} checks passed" + (", run incomplete" if failed_engines else ""))
 
@@ -218,7 +225,7 @@ def print_bench(timings: dict, targets) -> None:
         unit = "" if "models/s" in what else "×"
         console().print(f"{mark} {what}: {fmt(value, ',.1f')}{unit} (target ≥ {goal:,g}{unit})")
     for engine, why in timings["incomplete"].items():
-        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+        console().print(f"[red]incomplete[/red]: {engine}: {shown(why)}")
 
 
 def _bench_zoo_table(zoo: dict) -> Table:
@@ -294,7 +301,7 @@ def print_distributed(found: dict) -> None:
             console().print(f"{row['check']}: the one-process run from one ulp away ends {row['drift']:.1e} from it, "
                             "within the tolerance: one ulp of rounding does not explain the gap")
     for engine, why in found["incomplete"].items():
-        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+        console().print(f"[red]incomplete[/red]: {engine}: {shown(why)}")
 
 
 def print_zoo(zoo: dict) -> None:
@@ -308,7 +315,7 @@ def print_zoo(zoo: dict) -> None:
         console().print(f"[red]✗[/red] {cell['model']} {cell['engine']} {cell['path']} {cell['optimizer']}: "
                         f"{cell['error']}")
     for engine, why in zoo["incomplete"].items():
-        console().print(f"[red]incomplete[/red]: {engine}: {why}")
+        console().print(f"[red]incomplete[/red]: {engine}: {shown(why)}")
     judged = [c for c in cells if c["judged"]]
     console().print(f"{sum(c['passed'] for c in judged)} of {len(judged)} judged cells within {tolerance:g} (weights) "
                     f"and {zoo['history_tolerance']:g} (the loss and metrics reported per epoch)")

@@ -36,10 +36,16 @@ from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_
 
 
 def use_cpus(replicas: int) -> list[str]:
-    """Split the CPU into `replicas` logical devices (before TensorFlow's runtime starts); their names."""
+    """Split the CPU into `replicas` logical devices (before TensorFlow's runtime starts); their names. Each op
+    computes on one thread (`THREADS`, as every worker does) and as many ops as replicas run at once, one per
+    replica: set here, since listing the devices starts the runtime, after which `seed_everything` can no longer."""
+    from keras_side.determinism import THREADS
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+        tf.config.threading.set_inter_op_parallelism_threads(replicas)
     except RuntimeError:
         raise SpecError("TensorFlow's runtime has started, so the CPU can no longer be split into replicas; call "
                         "use_cpus first thing in the process") from None

@@ -169,13 +169,28 @@ def test_scaling_maps_back_to_original_units(har, ols_fit):
         (lambda f: pd.concat([f, f.iloc[[10]].assign(fecha=f["fecha"].iloc[10] + pd.Timedelta(hours=15))]),
          "1 duplicate (fecha, activo) rows"),
         (lambda f: f.assign(rendimiento=f["rendimiento"] > 0), "column 'rendimiento' holds True/False, not numbers"),
+        (lambda f: f.assign(rendimiento=(f["rendimiento"] > 0).astype(object).where(f.index != 4)),  # one missing
+         "column 'rendimiento' holds True/False, not numbers"),
+        (lambda f: f.assign(fecha=f.index % 2 == 0), "column 'fecha' holds True/False, not dates"),
     ],
-    ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date", "numbers-as-dates", "same-day", "booleans"],
+    ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date", "numbers-as-dates", "same-day", "booleans",
+         "booleans-and-missing", "boolean-dates"],
 )
 def test_validate_rejects(panel, mutate, message):
     with pytest.raises(HarDataError) as err:
         data.validate(mutate(panel.copy()))
     assert message in str(err.value)
+
+
+def test_an_input_that_does_not_vary_over_the_training_rows_is_named(panel):
+    """Only non-negative returns before the validation year: the leverage input (the negative part) is zero there, so
+    it cannot be scaled (it was NaN); the HAR without it is fine."""
+    p = panel.copy()
+    early = (p["activo"] == "indice") & (p["fecha"] < "2017-01-01")
+    p.loc[early, "rendimiento"] = p.loc[early, "rendimiento"].abs()
+    with pytest.raises(HarDataError, match="asset 'indice': lev does not vary over the 2,263 training rows"):
+        data.prepare(p, leverage=True)
+    assert np.isfinite(data.prepare(p).x_train).all()
 
 
 def test_referee_modules_do_not_import_keras():

@@ -94,6 +94,17 @@ def test_fit_under_the_strategy_with_batchnorm_synchronized(har, tmp_path):
     assert gap(fit.train(resolve("keras_side.models:bn_mlp")(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
+def test_each_replica_computes_on_one_thread():
+    """The launch's threads, as the one-process worker's (one thread an op) with one op a replica at a time: the
+    throughput ratio is devices against one. `seed_everything` came after the runtime had started, too late."""
+    code = ("from native.tensorflow import mirrored; import tensorflow as tf; mirrored.use_cpus(2); "
+            "print(tf.config.threading.get_intra_op_parallelism_threads(), "
+            "tf.config.threading.get_inter_op_parallelism_threads())")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == ["1", "2"], proc.stderr[-2000:]
+
+
 def test_the_cpu_cannot_be_split_once_tensorflow_runs():
     import tensorflow as tf
 
