@@ -57,7 +57,9 @@ class Worker:
         self.engine, self.folder = engine, folder
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
-        env = engine_environment(engine) | {"XLA_FLAGS": XLA_ONE_THREAD} | (env or {})
+        extra = dict(env or {})  # a caller's XLA flags (host devices) join the one-thread flags, never replace them
+        flags = " ".join(filter(None, (XLA_ONE_THREAD, extra.pop("XLA_FLAGS", ""))))
+        env = engine_environment(engine) | {"XLA_FLAGS": flags} | extra
         if engine == "jax" and compile_cache:  # it loads what an earlier process compiled (jax_cache_environment)
             env |= jax_cache_environment(env)
         elif engine == "jax":  # a run that times its compiles compiles

@@ -98,3 +98,20 @@ def test_a_sharded_run_without_its_devices_is_skipped_and_said(panel, tmp_path, 
     result = wf.run(w, TrainConfig(epochs=1), tmp_path, engines=("jax",), devices=2, fit_refits=0)
     assert set(result["timing"]) == {"jax-vmap-1dev"}
     assert result["notes"] == ["fewer than 2 JAX devices here: the run sharded over 2 was skipped"]
+
+
+def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch):
+    """The walk-forward asks its JAX worker for host devices through XLA_FLAGS, which replaced the flags that keep
+    every worker on one thread: JAX's many-model timings ran on XLA's default threads, torch's on one."""
+    from compare import runner
+
+    seen = {}
+
+    class Popen:
+        def __init__(self, command, env, **kwargs):
+            seen.update(env)
+            self.pid = None
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Popen)
+    runner.Worker("jax", tmp_path, {"XLA_FLAGS": wf.host_devices_flag(2)})
+    assert set(seen["XLA_FLAGS"].split()) == {*runner.XLA_ONE_THREAD.split(), wf.host_devices_flag(2)}
