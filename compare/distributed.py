@@ -67,10 +67,10 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
                    "-m", "native.torch.ddp", *args]
     elif engine == "jax" and fit:
         command = [sys.executable, "-m", "native.jax.sharded", "--fit", "--devices", str(processes), *args]
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={processes} {runner.XLA_ONE_THREAD}"
+        env["XLA_FLAGS"] = runner.xla_flags(f"--xla_force_host_platform_device_count={processes}")
     elif engine == "jax":
         command = [sys.executable, "-m", "native.jax.sharded", "--processes", str(processes), *args]
-        env["XLA_FLAGS"] = runner.XLA_ONE_THREAD
+        env["XLA_FLAGS"] = runner.xla_flags()
     else:  # one process, `processes` replicas on as many logical CPUs
         command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args,
                    *(["--fit"] if fit else [])]

@@ -49,6 +49,12 @@ MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compa
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
+def xla_flags(flags: str = "") -> str:
+    """`flags` and the one-thread flags, in that order: XLA reads no flag after XLA_ONE_THREAD's bare
+    `intra_op_parallelism_threads=1` (measured: a host-device count put after it left one device)."""
+    return " ".join(filter(None, (flags, XLA_ONE_THREAD)))
+
+
 class Worker:
     """A live worker process for one engine; `ask` sends a request and yields its events."""
 
@@ -58,8 +64,7 @@ class Worker:
         folder.mkdir(parents=True, exist_ok=True)
         self.log = folder / "worker.log"
         extra = dict(env or {})  # a caller's XLA flags (host devices) join the one-thread flags, never replace them
-        flags = " ".join(filter(None, (XLA_ONE_THREAD, extra.pop("XLA_FLAGS", ""))))
-        env = engine_environment(engine) | {"XLA_FLAGS": flags} | extra
+        env = engine_environment(engine) | {"XLA_FLAGS": xla_flags(extra.pop("XLA_FLAGS", ""))} | extra
         if engine == "jax" and compile_cache:  # it loads what an earlier process compiled (jax_cache_environment)
             env |= jax_cache_environment(env)
         elif engine == "jax":  # a run that times its compiles compiles

@@ -102,7 +102,11 @@ def test_a_sharded_run_without_its_devices_is_skipped_and_said(panel, tmp_path, 
 
 def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch):
     """The walk-forward asks its JAX worker for host devices through XLA_FLAGS, which replaced the flags that keep
-    every worker on one thread: JAX's many-model timings ran on XLA's default threads, torch's on one."""
+    every worker on one thread (JAX's many-model timings ran on XLA's default threads, torch's on one); and placed
+    after them, the device count is not read at all: the worker has the devices it asked for, on one thread."""
+    import subprocess
+    import sys
+
     from compare import runner
 
     seen = {}
@@ -115,3 +119,7 @@ def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch)
     monkeypatch.setattr(runner.subprocess, "Popen", Popen)
     runner.Worker("jax", tmp_path, {"XLA_FLAGS": wf.host_devices_flag(2)})
     assert set(seen["XLA_FLAGS"].split()) == {*runner.XLA_ONE_THREAD.split(), wf.host_devices_flag(2)}
+    monkeypatch.undo()  # subprocess.Popen itself again
+    count = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('cpu')))"], env=seen,
+                           capture_output=True, text=True)
+    assert count.stdout.split()[-1:] == ["2"], count.stderr[-2000:]
