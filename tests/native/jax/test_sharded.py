@@ -38,6 +38,22 @@ def test_two_devices_in_one_process_end_where_one_ends(har, build):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
+def test_two_outputs_on_two_devices_end_where_one_ends(panel):
+    """Several targets (a tuple), each output's loss weighted as `compile` weighs them, on the sharded step (the CLI's
+    two-output run checks torch's and TensorFlow's launches)."""
+    from compare import data as har_data
+    from keras_side.zoo import ZOO
+
+    entry = ZOO["two_horizons"]
+    data = har_data.prepare_kind(panel, entry.data)
+    cfg = CFG.replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
+    seed_everything(0)
+    one = loop.train(resolve(entry.build)(), data, cfg).weights
+    seed_everything(0)
+    for a, b in zip(one, sharded.train(resolve(entry.build)(), data, cfg), strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
 def test_two_processes_end_where_one_ends(har, tmp_path):
     har.save(tmp_path / "data.npz")
     result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC)
