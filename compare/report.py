@@ -20,13 +20,13 @@ from keras_side.config import HarData, Result, versions
 from keras_side.spec import TrainConfig
 
 
-@functools.cache
 def shown(text) -> str:
     """A user's path (or a message holding one) as rich should print it: brackets not read as markup, a byte that is
     not UTF-8 replaced."""
     return escape(str(text).encode("utf-8", "replace").decode())
 
 
+@functools.cache
 def console() -> Console:
     # A pipe or CI log gets a fixed, wide table rather than rich's 80 columns.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
