@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import stat
 import warnings
 from pathlib import Path
 
@@ -42,17 +43,16 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
         return synthetic.simulate(seed), f"synthetic(seed={seed})"
     path = Path(path)
     try:
-        path.stat()
-    except FileNotFoundError:
-        pass  # said below
+        mode = path.stat().st_mode
+    except FileNotFoundError:  # a dangling link too
+        raise HarDataError(f"data file {str(path)!r} does not exist; pass an existing parquet or CSV with --data") \
+            from None
     except OSError as err:  # a name too long, a folder without permission
         raise HarDataError(f"--data {str(path)!r}: {err.strerror}; check the path") from None
-    if path.is_dir():
+    if stat.S_ISDIR(mode):
         raise HarDataError(f"--data {str(path)!r} is a folder; pass the parquet or CSV file itself")
-    if path.exists() and not path.is_file():  # a device, a named pipe: nothing to read a panel from
+    if not stat.S_ISREG(mode):  # a device, a named pipe: nothing to read a panel from
         raise HarDataError(f"--data {str(path)!r} is not a regular file; pass the parquet or CSV file itself")
-    if not path.is_file():
-        raise HarDataError(f"data file {str(path)!r} does not exist; pass an existing parquet or CSV with --data")
     suffix = path.suffix.lower()
     if suffix not in (".parquet", ".pq", ".csv"):
         raise HarDataError(f"data file {str(path)!r} is neither .parquet nor .csv; convert it or rename it")
@@ -217,9 +217,10 @@ def require_spread(train: pd.DataFrame, columns) -> None:
     flat = [c for c in columns if not train[c].std(ddof=0) > 0]
     if flat:
         first, last = train.index.min(), train.index.max()
-        raise HarDataError(f"{', '.join(flat)} {'does' if len(flat) == 1 else 'do'} not vary over the {len(train):,} training rows ({first:%Y-%m-%d} to "
-                           f"{last:%Y-%m-%d}), so they cannot be scaled and OLS has no answer; fix the data there (a "
-                           "constant rv_5min?), or move --split")
+        verb = "does" if len(flat) == 1 else "do"
+        raise HarDataError(f"{', '.join(flat)} {verb} not vary over the {len(train):,} training rows ({first:%Y-%m-%d} "
+                           f"to {last:%Y-%m-%d}), so they cannot be scaled and OLS has no answer; fix the data there "
+                           "(a constant rv_5min?), or move --split")
 
 
 def _enough(*sides: tuple[str, pd.DataFrame], fix: str = "move --split or --end") -> None:
