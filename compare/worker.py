@@ -162,7 +162,7 @@ def parity(request: dict, send) -> dict:
 def native_weights(request: dict, send) -> dict:
     """The native loop in this one process, on the request's spec, or with `fit`: plain `fit` on one device. The
     trained weights and the training seconds: the baselines of `native-loops distributed`. With `nudge`, from one
-    ulp away (`nudge`): how far rounding alone carries the run."""
+    ulp away (`nudge` below): how far rounding alone carries the run."""
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
     seed_everything(cfg.seed)
     path = "fit" if request.get("fit") else "native"
