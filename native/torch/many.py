@@ -77,11 +77,18 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     n_rows = x.shape[1]
     n_batches = math.ceil(n_rows / cfg.batch_size)
     x, y = torch.nn.functional.pad(x, (0, 0, 0, 1)), torch.nn.functional.pad(y, (0, 0, 0, 1))  # padding row n_rows
+    x_by_feature = x.transpose(1, 2).contiguous()  # (groups, F, N + 1): see the gather below
+    if compile:  # one eager call first: Keras makes its global slots (the scope, the name scopes) at a model's first
+        with torch.no_grad():  # call; traced before they exist, the graph would guard on their absence, and the
+            batch_loss(params, x[:, :1], y[:, :1], torch.zeros(1, dtype=torch.long))  # second call recompile
     for epoch in range(cfg.epochs):
         start = time.perf_counter()
         order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle),
                                         (0, n_batches * cfg.batch_size - n_rows), value=n_rows)
-        xe, ye = x[:, order], y[:, order]  # one gather per group and epoch; batches are then views
+        # one gather per group and epoch, batches then views; x feature-major, so a batch's rows of one feature
+        # are contiguous and the kernel's gradient (a sum over the batch per model and feature) runs on whole
+        # vectors: row-major, inductor vectorized it over the 3 features instead (1.6x the compiled step's time)
+        xe, ye = x_by_feature[:, :, order].transpose(1, 2), y[:, order]
         # compiled: after the first epoch's one graph (fullgraph), only the guards that tell graphs apart
         with loop.guards_skipped() if compile and epoch else contextlib.nullcontext():
             for b in range(n_batches):
