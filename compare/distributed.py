@@ -34,7 +34,7 @@ from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side.backend import engine_environment
 from keras_side.config import HarData, exit_reason, load_trained, versions, whole_batches
-from keras_side.spec import DATA_PARALLEL, TrainConfig
+from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 
 ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models that data parallelism can train as one process does (docs/distributed.md): BatchNorm takes the
@@ -104,8 +104,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         build: str = "keras_side.models:har", windows: dict | None = None, fit: bool = True,
         on_event=lambda engine, event: None) -> dict:
     """Every engine once in one process and once in `processes`; with `windows` (the walk-forward's model inputs:
-    x, y, rows, x_next), JAX's walk-forward too, its model axis over 1 and `processes` processes. The JSON of
-    `distributed.json`."""
+    x, y, rows, x_next), JAX's walk-forward too, its model axis over `processes` processes against the JAX worker's
+    one device. The JSON of `distributed.json`."""
     cfg = cfg.replace(**DATA_PARALLEL)  # the same global batches everywhere
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
@@ -132,8 +132,10 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         if fits:
             found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
         _measure_rounding(pool, found, request, folder, on_event)
-    if windows is not None and "jax" in engines and "jax" not in incomplete:
-        found["walk-forward"] = _walk_forward(windows, cfg, processes, folder, incomplete)
+        one = _walk_forward_one(pool, windows, cfg, folder, incomplete) \
+            if windows is not None and "jax" in engines and "jax" not in incomplete else None
+    if one is not None:
+        found["walk-forward"] = _walk_forward(one, windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
     return {"processes": processes, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
@@ -224,21 +226,43 @@ def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) ->
             "samples_per_s": {"one": samples / one_seconds, "many": samples / many_seconds}}
 
 
-def _walk_forward(windows: dict, cfg: TrainConfig, processes: int, folder: Path, incomplete: dict) -> dict | None:
-    """Every walk-forward model trained at once with the model axis split over 1 and `processes` JAX processes:
-    the same forecasts (each model's arithmetic is its own), and models per second of each."""
+def _walk_config(cfg: TrainConfig) -> dict:
+    """The walk-forward's fields of the spec (its trainer reads no others): what its launch is given."""
+    return {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate}
+
+
+def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder: Path,
+                      incomplete: dict) -> tuple[np.ndarray, float] | None:
+    """Every walk-forward model trained at once by the JAX worker already running, on its one device: the
+    reference of the launch over processes, (forecasts, seconds); None, and the reason in `incomplete`, when it
+    fails. The launch's spec, as its launcher reads it."""
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
-    config, found = {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size,
-                     "learning_rate": cfg.learning_rate}, {}
-    for run, count in (("one", 1), ("many", processes)):  # apart even when `processes` is 1
-        out = folder / f"walk-forward-{run}.npz"
-        launched = _launch("jax", count, folder / "windows.npz", out, config, "keras_side.models:har",
-                           "--walk-forward")
-        if launched.returncode != 0:
-            incomplete["walk-forward"] = _failure(launched, f"{count} processes", f"{out.stem}.log")
-            return None
-        with np.load(out) as z:
-            found[run] = (z["forecasts"], float(z["seconds"]))
+    spec, answer = data_parallel_config(json.dumps(_walk_config(cfg))), {}
+    failed = pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
+                                                  "devices": [1], "fit_models": []},
+                       lambda e, event: answer.update(event) if event["event"] == "done" else None, only=["jax"],
+                       fail_engines=False)
+    if failed:
+        incomplete["walk-forward"] = (f"1 process failed: {failed['jax']}; output: engines/jax/worker.log in the run "
+                                      "folder")
+        return None
+    forecasts = np.load(pool.engine_folder("jax") / "walk-forward-jax-vmap-1dev.npy")
+    return forecasts, float(answer["timings"]["jax-vmap-1dev"]["seconds"])
+
+
+def _walk_forward(one: tuple[np.ndarray, float], windows: dict, cfg: TrainConfig, processes: int, folder: Path,
+                  incomplete: dict) -> dict | None:
+    """Every walk-forward model trained at once with the model axis split over `processes` JAX processes, against
+    `one` (`_walk_forward_one`): the same forecasts (each model's arithmetic is its own), and models per second of
+    each."""
+    out = folder / "walk-forward-many.npz"
+    launched = _launch("jax", processes, folder / "windows.npz", out, _walk_config(cfg), "keras_side.models:har",
+                       "--walk-forward")
+    if launched.returncode != 0:
+        incomplete["walk-forward"] = _failure(launched, f"{processes} processes", f"{out.stem}.log")
+        return None
+    with np.load(out) as z:
+        found = {"one": one, "many": (z["forecasts"], float(z["seconds"]))}
     models = int((windows["rows"] > 0).sum())
     gap = _gap([found["one"][0]], [found["many"][0]])
     return {"check": "data_parallel/walk-forward", "runtime": "jax.distributed, N procs",

@@ -9,6 +9,7 @@ import pytest
 from compare import cli
 from compare.distributed import ZOO_EPOCHS
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
+from keras_side.spec import TrainConfig
 
 
 def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
@@ -171,6 +172,27 @@ def test_one_process_against_one_keeps_both_throughputs(tmp_path):
     row = distributed._row("torch", "DDP", tmp_path, 1, samples=8)
     assert row["seconds"] == {"one": 2.0, "many": 4.0} and row["samples_per_s"] == {"one": 4.0, "many": 2.0}
     assert row["passed"] and row["gap"] == 0
+
+
+def test_a_walk_forward_that_fails_in_the_worker_is_named(tmp_path):
+    """The walk-forward's one-process run is the JAX worker's (the same trainer on its one device), asked for the
+    launch's spec; when it fails, the row is incomplete with the worker's reason and where its traceback is (`run`
+    then launches nothing: the row needs both runs)."""
+    from compare import distributed
+
+    class Failing:
+        def each(self, cmd, request_for, on_event=None, *, only, fail_engines):
+            request = request_for("jax")
+            assert cmd == "walk_forward" and only == ["jax"] and request["devices"] == [1] and not fail_engines
+            assert request["config"]["batch_order"] == "numpy" and request["config"]["epochs"] == 3
+            return {"jax": "ValueError: boom"}
+
+    windows = {k: np.zeros((1, 4, 3), np.float32) for k in ("x", "y", "rows", "x_next")}
+    incomplete = {}
+    cfg = TrainConfig(epochs=3)
+    assert distributed._walk_forward_one(Failing(), windows, cfg, tmp_path, incomplete) is None
+    assert incomplete == {"walk-forward": "1 process failed: ValueError: boom; output: engines/jax/worker.log in the "
+                                          "run folder"}
 
 
 @pytest.mark.parametrize("fit", [False, True])
