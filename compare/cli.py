@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import contextlib
 from contextlib import contextmanager
 
 from compare import commands, runner
@@ -277,7 +278,58 @@ def stop_handlers():
             raise KeyboardInterrupt if left[0] == signal.SIGINT else Terminated
 
 
+def _closed_streams_to_devnull() -> None:
+    """A closed stdout or stderr (`native-loops data >&-`) is None in Python, and the first print a traceback. Each is
+    pointed at os.devnull, which also takes back its descriptor (the lowest free), so no file this run opens lands on
+    1 or 2, where a print would write into it."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
+
+
+class StdoutFailed(Exception):
+    """Standard output refused a write: a full disk (`> /dev/full`), a pipe whose reader has gone (`| head -1`).
+    Not an OSError, so that no handler of a file's errors takes it for its own."""
+
+
+class _Stdout:
+    """sys.stdout during a command: the same stream, its write errors raised as `StdoutFailed`."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise StdoutFailed(err.strerror or str(err)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise StdoutFailed(err.strerror or str(err)) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _closed_streams_to_devnull()
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    try:
+        return _command(argv)
+    except StdoutFailed as err:
+        with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere: exiting cannot fail on it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        print(f"native-loops: error: standard output cannot be written ({err}), so the run stopped there; send it to "
+              "a file or a terminal", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = stdout
+
+
+def _command(argv: list[str] | None) -> int:
     try:
         args = parser().parse_args(argv)
     except SystemExit as stop:  # --help (0), or argparse's one-line error (2): returned, as every other outcome

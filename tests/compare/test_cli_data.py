@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from compare import cli, synthetic
@@ -153,6 +154,36 @@ def test_real_process_exit_code_and_no_traceback(files, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def _pipe_without_reader() -> int:
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+@pytest.mark.parametrize("stdout, written", [
+    (None, None),  # closed (`>&-`): Python's sys.stdout is None; the run goes on and prints nowhere
+    ("/dev/full", "No space left on device"),
+    (_pipe_without_reader, "Broken pipe"),  # its reader gone, as `| head -1` does
+], ids=["closed", "full", "broken-pipe"])
+def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, stdout, written):
+    if stdout == "/dev/full" and not os.path.exists(stdout):
+        pytest.skip("no /dev/full on this system (macOS): the broken pipe is the same failure")
+    out = tmp_path / "panel.parquet"
+    target = {None: None, "/dev/full": lambda: os.open("/dev/full", os.O_WRONLY)}.get(stdout, stdout)
+    fd = target() if target else None
+    try:
+        proc = subprocess.run([sys.executable, "-m", "compare.cli", "data", "--out", str(out)], stdout=fd,
+                              stderr=subprocess.PIPE, text=True, preexec_fn=None if fd else lambda: os.close(1))
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if written is None:
+        assert proc.returncode == 0 and proc.stderr == "" and pd.read_parquet(out).shape[0] > 0
+    else:
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("native-loops: error: standard output cannot be written") and written in proc.stderr
 
 
 def test_data_command_writes_and_summarizes(tmp_path, capsys):
