@@ -210,6 +210,9 @@ def print_bench(timings: dict, targets) -> None:
                       fmt(row["ratio_vs_numpy"], ".2f"),
                       "" if row.get("times_floor") is None else f"{row['times_floor']:.1f} ({row['floor']})")
     console().print(table)
+    pinned = timings.get("cpus", {}).get("numpy")
+    console().print(f"each path alone on CPU {pinned} (its worker pinned there)" if pinned is not None else
+                    "each path alone, not pinned to a core (this system cannot): JAX's runtime may use several")
     if timings.get("torch_stages_us"):
         stages = timings["torch_stages_us"]
         parts = Table("torch eager step", *stages["keras"], "total µs", title="where the torch step's time goes, µs "

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,37 @@ STARTUP_LIMIT_S = 900.0
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
 MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.worker.MANY`)
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
+
+
+# A timed run's one core: each worker of `native-loops bench` is pinned to it (Linux), set by the worker before any
+# library starts a thread, so that every thread it makes inherits it. Pinned, not told one thread: JAX's CPU runtime
+# takes no thread count (XLA_ONE_THREAD holds Eigen to one thread, not XLA's own pool; jax-ml/jax#1539), and Keras's
+# `fit` on JAX runs its Python beside the step on a second core: measured in docs/speed.md.
+CPU_VARIABLE = "NATIVE_LOOPS_CPU"
+
+
+def timing_cpu() -> int | None:
+    """The core a timed run computes on: the last this process may use; None where the system cannot pin (macOS)."""
+    return max(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
+
+
+def pinned_to(cpu: int | None) -> dict[str, str]:
+    """A Pool's `env` whose workers compute on `cpu` alone (nothing where `cpu` is None)."""
+    return {} if cpu is None else {CPU_VARIABLE: str(cpu)}
+
+
+@contextmanager
+def on_cpu(cpu: int | None):
+    """The calling thread on `cpu` alone for the block (the NumPy floor, timed in this process), then as before."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def xla_flags(flags: str = "") -> str:

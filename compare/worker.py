@@ -16,6 +16,9 @@ import time
 import traceback
 from pathlib import Path
 
+if os.environ.get("NATIVE_LOOPS_CPU"):  # a timed run's one core (compare.runner.CPU_VARIABLE), before any library
+    os.sched_setaffinity(0, {int(os.environ["NATIVE_LOOPS_CPU"])})  # starts a thread: each one made inherits it
+
 import keras
 import numpy as np
 
@@ -209,7 +212,7 @@ def bench(request: dict, send) -> dict:
     if request.get("stages") and ENGINE == "torch":  # where the eager step's time goes
         seed_everything(cfg.seed)
         send(event="stages", stages=floors.torch_stages(_model(request, data), data, cfg))
-    return {}
+    return {"cpus": _cores()}
 
 
 def walk_forward(request: dict, send) -> dict:
@@ -219,9 +222,10 @@ def walk_forward(request: dict, send) -> dict:
         w = dict(z)
     trainer = _walk_jax if ENGINE == "jax" else _walk_torch
     timings = {}
-    for name, (pred, seconds, compile_seconds, devices) in trainer(w, cfg, request["devices"]).items():
+    for name, (pred, seconds, compile_seconds, devices, cores) in trainer(w, cfg, request["devices"],
+                                                                          request.get("cpus")).items():
         np.save(out / f"walk-forward-{name}.npy", pred)
-        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices}
+        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices, "cpus": cores}
     fit_seconds = []
     for a, r in request["fit_models"]:
         rows = int(w["rows"][a, r])
@@ -234,22 +238,50 @@ def walk_forward(request: dict, send) -> dict:
     return {"timings": timings, "fit_seconds": fit_seconds}
 
 
-def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
+def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None) -> dict:
     """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}.
-    Timed as the median of a few runs of the compiled trainer."""
+    Timed as the median of a few runs of the compiled trainer. With `cpus` (the cores the run may use), each run
+    computes on as many of them as it has devices, the last ones."""
     import jax
 
     from native.jax import many as jax_many
 
     found = {}
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
-                                                            repeats=WALK_FORWARD_REPEATS)
-        found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count)
+        with _on_cpus(cpus[-count:] if cpus else None):  # pinned: a core a device
+            pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
+                                                                repeats=WALK_FORWARD_REPEATS)
+            found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, _cores())
     return found
 
 
-def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
+def _cores() -> list[int] | None:
+    """The cores this thread may run on; None where the system does not say (macOS)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+@contextlib.contextmanager
+def _on_cpus(cpus: list[int] | None):
+    """Every thread of this process on `cpus` for the block, then back on the cores it had (Linux: each thread has
+    its own affinity, and one made later inherits its maker's); nothing when `cpus` is None."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+
+    def every_thread(on):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+                os.sched_setaffinity(int(task), on)
+
+    every_thread(set(cpus))
+    try:
+        yield
+    finally:
+        every_thread(before)
+
+
+def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None) -> dict:
     from native.torch import loop as torch_loop
     from native.torch import many as torch_many
 
@@ -261,7 +293,7 @@ def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int]) -> dict:
                                    epoch_seconds=epochs)
     seconds, compile_seconds = torch_loop.compile_apart(epochs)
     return {"torch-vmap": (torch_many.predict_many(init.model, params, w["x_next"])[..., 0], seconds,
-                           compile_seconds, 1)}
+                           compile_seconds, 1, _cores())}
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).

@@ -94,7 +94,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         on_timing=lambda row, path: None, model: str | None = None) -> dict:
     """Time every path `repeats` times; the JSON of `native-loops bench --json`. `on_timing(engine, path)` after
     each timed run (row "numpy" for the floor). With `model` (a zoo model's name), time `zoo_paths` of that model
-    instead, without the NumPy floor (it is the HAR's)."""
+    instead, without the NumPy floor (it is the HAR's). Each path runs alone on one core (`runner.timing_cpu`, where
+    the system can pin); `cpus` in the result: the cores each engine's worker, and the floor, ran on."""
     cfg = cfg.replace(validate=False)
     timings: dict[str, dict[str, list]] = {}
     stages = {}
@@ -111,22 +112,26 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
                 entry["compile"].append(event["compile_seconds"])
             on_timing(engine, event["path"])
 
-    with runner.Pool(engines, folder, jobs=1) as pool:
+    cpu, cpus = runner.timing_cpu(), {}  # every path on one core, one worker at a time (runner.CPU_VARIABLE)
+    with runner.Pool(engines, folder, jobs=1, env=runner.pinned_to(cpu)) as pool:
         request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model}
         if model:
             request |= {"model": model, "build": ZOO[model].build}
-        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)}, on_event)
+        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)},
+                  lambda e, event: cpus.__setitem__(e, event["cpus"]) if event["event"] == "done" else on_event(e, event))
         failed = dict(pool.failed)
     steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
     if model:
-        return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed}
+        return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
+                "cpus": cpus}
     floor = []
-    for _ in range(repeats):
-        floor.append(numpy_adam(data, cfg))
-        on_timing("numpy", "numpy-floor")
+    with runner.on_cpu(cpu):
+        for _ in range(repeats):
+            floor.append(numpy_adam(data, cfg))
+            on_timing("numpy", "numpy-floor")
     timings["numpy-floor"] = {"seconds": floor, "compile": []}
     return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
-            "torch_stages_us": stages or None, "machine": machine()}
+            "torch_stages_us": stages or None, "machine": machine(), "cpus": cpus | {"numpy": cpu}}
 
 
 def _summary(timings: dict, steps: int) -> dict:

@@ -6,6 +6,7 @@ asset, and forecast the sessions until the next refit. One model per (asset, ref
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -154,10 +155,13 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
     live = np.argwhere(w.live)
     picks = live[np.linspace(0, len(live) - 1, fit_refits).round().astype(int)].tolist() if fit_refits else []
     answers = {}
-    env = {"XLA_FLAGS": host_devices_flag(max(counts))}
+    # each worker on one core, and JAX's sharded run on a core a device, where the system can pin (runner.timing_cpu)
+    cpu = runner.timing_cpu()
+    cores = None if cpu is None else sorted(os.sched_getaffinity(0))
+    env = {"XLA_FLAGS": host_devices_flag(max(counts))} | runner.pinned_to(cpu)
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
         request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
-                   "fit_models": picks}
+                   "fit_models": picks, "cpus": cores}
         pool.each("walk_forward", lambda e: request,
                   lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)
     if pool.failed:
@@ -168,7 +172,7 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
         for name, t in answer["timings"].items():
             forecasts[name] = np.load(pool.engine_folder(engine) / f"walk-forward-{name}.npy") * scale + shift
             timing[name] = {"models": w.n_models, "seconds": t["seconds"], "compile_seconds": t["compile_seconds"],
-                            "models_per_s": w.n_models / t["seconds"], "devices": t["devices"]}
+                            "models_per_s": w.n_models / t["seconds"], "devices": t["devices"], "cpus": t["cpus"]}
         if answer["fit_seconds"]:
             per_model, refits = float(np.mean(answer["fit_seconds"])), len(answer["fit_seconds"])
             timing[f"keras-{engine}-fit-extrapolated"] = {

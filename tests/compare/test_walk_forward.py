@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -56,6 +57,10 @@ def test_sharded_equals_unsharded_and_both_engines_track_ols(windows, tmp_path):
     np.testing.assert_allclose(one[windows.next_mask], two[windows.next_mask], atol=SHARDED_ATOL, rtol=0)
     assert np.isfinite(one[windows.next_mask]).all()
     assert result["timing"]["jax-vmap-2dev"]["devices"] == 2 and result["notes"] == []
+    if hasattr(os, "sched_setaffinity"):  # pinned: one core each, a core a device for the sharded run (Linux)
+        cores = sorted(os.sched_getaffinity(0))
+        assert [result["timing"][n]["cpus"] for n in ("jax-vmap-1dev", "jax-vmap-2dev", "torch-vmap")] == [
+            cores[-1:], cores[-2:], cores[-1:]]
     ols = wf.oos_mse(windows, wf.ols_forecasts(windows))
     for name in ("jax-vmap-1dev", "torch-vmap"):  # 40 epochs of Adam per window reach OLS's accuracy
         got = wf.oos_mse(windows, result["forecasts"][name])
