@@ -12,10 +12,10 @@ own (JAX's `keras.distribution.DataParallel`, TensorFlow's strategies; none for 
 it over N devices against plain `fit` (in the worker of the one-process run) too: `data_parallel/keras-<engine>`, on
 training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not at all; TensorFlow weighs an uneven
 one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports
-and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run computes on one
+and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run asks for one
 thread a process or device, as the pool's workers do (torch by `seed_everything`, JAX by its XLA flags, TensorFlow's
-replicas one thread each by `mirrored.use_cpus`), so a ratio is devices against one, not against an engine's default
-thread pool.
+replicas one thread each by `mirrored.use_cpus`); JAX's flags hold only Eigen, and its runtime may use a second core
+(measured in docs/speed.md; nothing here is pinned, unlike in `bench` and `walk-forward`).
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
-# Each worker computes on one thread (keras_side.determinism.THREADS). A full compare on 2 cores, measured:
+# Each worker asks for one thread (keras_side.determinism.THREADS; JAX: XLA_ONE_THREAD, which holds only Eigen: XLA's
+# own runtime may use a second core, so the timed commands pin instead: CPU_VARIABLE). A full compare on 2 cores:
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
 JOBS = 3
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
