@@ -279,12 +279,20 @@ def stop_handlers():
 
 
 def _closed_streams_to_devnull() -> None:
-    """A closed stdout or stderr (`native-loops data >&-`) is None in Python, and the first print a traceback. Each is
-    pointed at os.devnull, which also takes back its descriptor (the lowest free), so no file this run opens lands on
-    1 or 2, where a print would write into it."""
-    for name in ("stdout", "stderr"):
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))
+    """A closed stdout or stderr (`native-loops data >&-`) is None in Python, and the first print a traceback. Its
+    descriptor is pointed at os.devnull, so no file this run opens lands on 1 or 2, where a print would write into it,
+    and the stream is that descriptor."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: os.devnull there (not at the lowest free descriptor: stdin may be closed too)
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        setattr(sys, name, open(fd, "w", closefd=False))
 
 
 class StdoutFailed(Exception):
@@ -310,6 +318,10 @@ class _Stdout:
         except OSError as err:
             raise StdoutFailed(err.strerror or str(err)) from None
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
@@ -318,15 +330,31 @@ def main(argv: list[str] | None = None) -> int:
     _closed_streams_to_devnull()
     stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
     try:
-        return _command(argv)
+        code = _command(argv)
+        sys.stdout.flush()  # here, not at exit: what is buffered (`--help`) fails inside the handler below
+        return code
     except StdoutFailed as err:
-        with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere: exiting cannot fail on it
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
-        print(f"native-loops: error: standard output cannot be written ({err}), so the run stopped there; send it to "
-              "a file or a terminal", file=sys.stderr)
+        _discard(stdout)
+        with contextlib.suppress(OSError):  # stderr may be the same broken pipe (`2>&1 | head`)
+            print(f"native-loops: error: standard output cannot be written ({err}), so the run stopped there; send it "
+                  "to a file or a terminal", file=sys.stderr)
         return 2
     finally:
         sys.stdout = stdout
+
+
+def _discard(stream) -> None:
+    """What `stream` still buffers goes to os.devnull, so that exiting does not fail on it again; its descriptor
+    refuses every write anyway. Nothing for a stream without one (pytest's capture)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def _command(argv: list[str] | None) -> int:

@@ -162,25 +162,37 @@ def _pipe_without_reader() -> int:
     return write
 
 
-@pytest.mark.parametrize("stdout, written", [
-    (None, None),  # closed (`>&-`): Python's sys.stdout is None; the run goes on and prints nowhere
-    ("/dev/full", "No space left on device"),
-    (_pipe_without_reader, "Broken pipe"),  # its reader gone, as `| head -1` does
-], ids=["closed", "full", "broken-pipe"])
-def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, stdout, written):
+def _closed(*fds):
+    def close():
+        for fd in fds:
+            os.close(fd)
+    return close
+
+
+@pytest.mark.parametrize("command, stdout, written", [
+    ("data", None, None),  # closed (`>&-`): Python's sys.stdout is None; the run goes on and prints nowhere
+    ("data", "no stdin", None),  # stdin closed too (`<&- >&-`): os.devnull must still land on 1, not 0
+    ("data", "/dev/full", "No space left on device"),
+    ("data", _pipe_without_reader, "Broken pipe"),  # its reader gone, as `| head -1` does
+    ("--help", "/dev/full", "No space left on device"),  # argparse's print, still buffered when main returns
+], ids=["closed", "closed-with-stdin", "full", "broken-pipe", "help-full"])
+def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, command, stdout, written):
     if stdout == "/dev/full" and not os.path.exists(stdout):
         pytest.skip("no /dev/full on this system (macOS): the broken pipe is the same failure")
     out = tmp_path / "panel.parquet"
-    target = {None: None, "/dev/full": lambda: os.open("/dev/full", os.O_WRONLY)}.get(stdout, stdout)
-    fd = target() if target else None
+    fd = {None: None, "no stdin": None, "/dev/full": lambda: os.open("/dev/full", os.O_WRONLY)}.get(stdout, stdout)
+    fd = fd() if fd else None
+    close = _closed(1) if stdout is None else _closed(0, 1) if stdout == "no stdin" else None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a user's shell has it
+    args = ["data", "--out", str(out)] if command == "data" else [command]
     try:
-        proc = subprocess.run([sys.executable, "-m", "compare.cli", "data", "--out", str(out)], stdout=fd,
-                              stderr=subprocess.PIPE, text=True, preexec_fn=None if fd else lambda: os.close(1))
+        proc = subprocess.run([sys.executable, "-m", "compare.cli", *args], stdout=fd, stderr=subprocess.PIPE,
+                              text=True, preexec_fn=close, env=env)
     finally:
         if fd is not None:
             os.close(fd)
     if written is None:
-        assert proc.returncode == 0 and proc.stderr == "" and pd.read_parquet(out).shape[0] > 0
+        assert proc.returncode == 0 and proc.stderr == "" and pd.read_parquet(out).shape[0] > 0, proc.stderr
     else:
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("native-loops: error: standard output cannot be written") and written in proc.stderr
