@@ -236,10 +236,14 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
     """Every walk-forward model trained at once by the JAX worker already running, on its one device: the
     reference of the launch over processes, (forecasts, seconds); None, and the reason in `incomplete`, when it
     fails. The launch's spec, as its launcher reads it."""
+    if "jax" not in pool.live:  # its worker stopped on an earlier request
+        reason = pool.failed.get("jax", "no reason given")
+        incomplete["walk-forward"] = f"1 process: the JAX worker had stopped before it ({reason})"
+        return None
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
     spec, answer = data_parallel_config(json.dumps(_walk_config(cfg))), {}
     failed = pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
-                                                  "devices": [1], "fit_models": []},
+                                                  "devices": [1], "fit_models": [], "repeats": 1},  # as the launch
                        lambda e, event: answer.update(event) if event["event"] == "done" else None, only=["jax"],
                        fail_engines=False)
     if failed:

@@ -211,7 +211,8 @@ def print_bench(timings: dict, targets) -> None:
                       "" if row.get("times_floor") is None else f"{row['times_floor']:.1f} ({row['floor']})")
     console().print(table)
     pinned = timings.get("cpus", {}).get("numpy")
-    console().print(f"each path alone on CPU {pinned} (its worker pinned there)" if pinned is not None else
+    console().print(f"each path alone on CPU {pinned[0]} (every thread of its worker, or the floor's, pinned there)"
+                    if pinned is not None else
                     "each path alone, not pinned to a core (this system cannot): JAX's runtime may use several")
     if timings.get("torch_stages_us"):
         stages = timings["torch_stages_us"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from keras_side.zoo import ZOO
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker asks for one thread (keras_side.determinism.THREADS; JAX: XLA_ONE_THREAD, which holds only Eigen: XLA's
-# own runtime may use a second core, so the timed commands pin instead: CPU_VARIABLE). A full compare on 2 cores:
+# own runtime may use a second core, so the timed commands pin instead: `on_cpus`). A full compare on 2 cores:
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
 JOBS = 3
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -51,35 +52,51 @@ MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compa
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
-# A timed run's one core: each worker of `native-loops bench` is pinned to it (Linux), set by the worker before any
-# library starts a thread, so that every thread it makes inherits it. Pinned, not told one thread: JAX's CPU runtime
-# takes no thread count (XLA_ONE_THREAD holds Eigen to one thread, not XLA's own pool; jax-ml/jax#1539), and Keras's
-# `fit` on JAX runs its Python beside the step on a second core: measured in docs/speed.md.
-CPU_VARIABLE = "NATIVE_LOOPS_CPU"
+# A timed run's core: each timed request of `native-loops bench` and `walk-forward` pins every thread of its worker to
+# one core for the request (`on_cpus`), the other workers idle or starting beside it on the others (Linux). Pinned, not
+# told one thread: JAX's CPU runtime takes no thread count (XLA_ONE_THREAD holds Eigen to one thread, not XLA's own
+# pool; jax-ml/jax#1539), and Keras's `fit` on JAX runs its Python beside the step on a second core: docs/speed.md.
 
 
-def timing_cpu() -> int | None:
-    """The core a timed run computes on: the last this process may use; None where the system cannot pin (macOS)."""
-    return max(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
+def timing_cpus() -> list[int] | None:
+    """The cores a timed run may use, the last first to be used; None where the system cannot pin (macOS)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
 
 
-def pinned_to(cpu: int | None) -> dict[str, str]:
-    """A Pool's `env` whose workers compute on `cpu` alone (nothing where `cpu` is None)."""
-    return {} if cpu is None else {CPU_VARIABLE: str(cpu)}
+def _threads(every_thread: bool) -> list[int]:
+    return [int(t) for t in os.listdir("/proc/self/task")] if every_thread else [0]
 
 
 @contextmanager
-def on_cpu(cpu: int | None):
-    """The calling thread on `cpu` alone for the block (the NumPy floor, timed in this process), then as before."""
-    if cpu is None:
+def on_cpus(cpus: list[int] | None, *, every_thread: bool = False):
+    """The calling thread, or every thread of this process, on `cpus` for the block, then each back on the cores it
+    had (Linux: each thread has its own affinity, and a thread made inside the block keeps the block's); nothing
+    when `cpus` is None."""
+    if not cpus:
         yield
         return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
+    before = {}
     try:
+        for task in _threads(every_thread):
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+                before[task] = os.sched_getaffinity(task)
+                os.sched_setaffinity(task, set(cpus))
         yield
     finally:
-        os.sched_setaffinity(0, before)
+        for task, cores in before.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(task, cores)
+
+
+def cores_in_use() -> list[int] | None:
+    """The cores any thread of this process may run on now; None where the system does not say (macOS)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = set()
+    for task in _threads(os.path.isdir("/proc/self/task")):
+        with contextlib.suppress(ProcessLookupError):
+            cores |= os.sched_getaffinity(task)
+    return sorted(cores)
 
 
 def xla_flags(flags: str = "") -> str:

@@ -16,13 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
-if os.environ.get("NATIVE_LOOPS_CPU"):  # a timed run's one core (compare.runner.CPU_VARIABLE), before any library
-    os.sched_setaffinity(0, {int(os.environ["NATIVE_LOOPS_CPU"])})  # starts a thread: each one made inherits it
-
 import keras
 import numpy as np
 
-from compare import paths, zoo
+from compare import paths, runner, zoo
 from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
@@ -197,7 +194,13 @@ def nudge(model: keras.Model) -> None:
 
 
 def bench(request: dict, send) -> dict:
-    """Train each requested path `repeats` times, alternating paths, and report each wall time."""
+    """Train each requested path `repeats` times, alternating paths, and report each wall time; with `cpus`, every
+    thread of this process on those cores meanwhile (`runner.on_cpus`)."""
+    with runner.on_cpus(request.get("cpus"), every_thread=True):
+        return _bench(request, send)
+
+
+def _bench(request: dict, send) -> dict:
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
     for _ in range(request["repeats"]):
         for name in request["paths"]:
@@ -212,18 +215,26 @@ def bench(request: dict, send) -> dict:
     if request.get("stages") and ENGINE == "torch":  # where the eager step's time goes
         seed_everything(cfg.seed)
         send(event="stages", stages=floors.torch_stages(_model(request, data), data, cfg))
-    return {"cpus": _cores()}
+    return {"cpus": runner.cores_in_use()}
 
 
 def walk_forward(request: dict, send) -> dict:
-    """Train every walk-forward model at once on this engine, then time a few refits with `fit`."""
+    """Train every walk-forward model at once on this engine, then time a few refits with `fit`. With `cpus` (the
+    cores the run may use), every thread of this process on the last of them meanwhile, and JAX's sharded run on a
+    core a device (`runner.on_cpus`)."""
+    cpus = request.get("cpus")
+    with runner.on_cpus(cpus[-1:] if cpus else None, every_thread=True):
+        return _walk_forward(request, cpus)
+
+
+def _walk_forward(request: dict, cpus: list[int] | None) -> dict:
     cfg, out = TrainConfig(**request["config"]), Path(request["out"])
     with np.load(request["windows"]) as z:
         w = dict(z)
     trainer = _walk_jax if ENGINE == "jax" else _walk_torch
     timings = {}
-    for name, (pred, seconds, compile_seconds, devices, cores) in trainer(w, cfg, request["devices"],
-                                                                          request.get("cpus")).items():
+    for name, (pred, seconds, compile_seconds, devices, cores) in trainer(w, cfg, request["devices"], cpus,
+                                                                          request.get("repeats")).items():
         np.save(out / f"walk-forward-{name}.npy", pred)
         timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices, "cpus": cores}
     fit_seconds = []
@@ -238,50 +249,27 @@ def walk_forward(request: dict, send) -> dict:
     return {"timings": timings, "fit_seconds": fit_seconds}
 
 
-def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None) -> dict:
-    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices)}.
-    Timed as the median of a few runs of the compiled trainer. With `cpus` (the cores the run may use), each run
-    computes on as many of them as it has devices, the last ones."""
+def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None,
+              repeats: int | None = None) -> dict:
+    """jax.vmap of the fused trainer, on 1 device and sharded over more: {name: (forecasts, s, compile s, devices,
+    the cores its threads ran on)}. Timed as the median of `repeats` runs of the compiled trainer (default
+    WALK_FORWARD_REPEATS). With `cpus` (the cores the run may use), each run computes on as many of the last of them
+    as it has devices."""
     import jax
 
     from native.jax import many as jax_many
 
     found = {}
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        with _on_cpus(cpus[-count:] if cpus else None):  # pinned: a core a device
+        with runner.on_cpus(cpus[-count:] if cpus else None, every_thread=True):  # a core a device
             pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
-                                                                repeats=WALK_FORWARD_REPEATS)
-            found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, _cores())
+                                                                repeats=repeats or WALK_FORWARD_REPEATS)
+            found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, runner.cores_in_use())
     return found
 
 
-def _cores() -> list[int] | None:
-    """The cores this thread may run on; None where the system does not say (macOS)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-@contextlib.contextmanager
-def _on_cpus(cpus: list[int] | None):
-    """Every thread of this process on `cpus` for the block, then back on the cores it had (Linux: each thread has
-    its own affinity, and one made later inherits its maker's); nothing when `cpus` is None."""
-    if cpus is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-
-    def every_thread(on):
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
-                os.sched_setaffinity(int(task), on)
-
-    every_thread(set(cpus))
-    try:
-        yield
-    finally:
-        every_thread(before)
-
-
-def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None) -> dict:
+def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None,
+                repeats: int | None = None) -> dict:
     from native.torch import loop as torch_loop
     from native.torch import many as torch_many
 
@@ -293,7 +281,7 @@ def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[
                                    epoch_seconds=epochs)
     seconds, compile_seconds = torch_loop.compile_apart(epochs)
     return {"torch-vmap": (torch_many.predict_many(init.model, params, w["x_next"])[..., 0], seconds,
-                           compile_seconds, 1, _cores())}
+                           compile_seconds, 1, runner.cores_in_use())}
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).

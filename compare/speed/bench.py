@@ -94,8 +94,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         on_timing=lambda row, path: None, model: str | None = None) -> dict:
     """Time every path `repeats` times; the JSON of `native-loops bench --json`. `on_timing(engine, path)` after
     each timed run (row "numpy" for the floor). With `model` (a zoo model's name), time `zoo_paths` of that model
-    instead, without the NumPy floor (it is the HAR's). Each path runs alone on one core (`runner.timing_cpu`, where
-    the system can pin); `cpus` in the result: the cores each engine's worker, and the floor, ran on."""
+    instead, without the NumPy floor (it is the HAR's). Each path runs alone on one core, where the system can pin
+    (`runner.on_cpus`); `cpus` in the result: the cores each engine's worker, and the floor, ran on."""
     cfg = cfg.replace(validate=False)
     timings: dict[str, dict[str, list]] = {}
     stages = {}
@@ -112,9 +112,11 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
                 entry["compile"].append(event["compile_seconds"])
             on_timing(engine, event["path"])
 
-    cpu, cpus = runner.timing_cpu(), {}  # every path on one core, one worker at a time (runner.CPU_VARIABLE)
-    with runner.Pool(engines, folder, jobs=1, env=runner.pinned_to(cpu)) as pool:
-        request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model}
+    cores, cpus = runner.timing_cpus(), {}  # every path on one core, one worker at a time (runner.on_cpus)
+    cpu = cores[-1:] if cores else None
+    with runner.Pool(engines, folder, jobs=1) as pool:
+        request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model,
+                   "cpus": cpu}
         if model:
             request |= {"model": model, "build": ZOO[model].build}
         pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)},
@@ -125,7 +127,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
                 "cpus": cpus}
     floor = []
-    with runner.on_cpu(cpu):
+    with runner.on_cpus(cpu):
         for _ in range(repeats):
             floor.append(numpy_adam(data, cfg))
             on_timing("numpy", "numpy-floor")

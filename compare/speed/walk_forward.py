@@ -6,7 +6,6 @@ asset, and forecast the sessions until the next refit. One model per (asset, ref
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -155,10 +154,9 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
     live = np.argwhere(w.live)
     picks = live[np.linspace(0, len(live) - 1, fit_refits).round().astype(int)].tolist() if fit_refits else []
     answers = {}
-    # each worker on one core, and JAX's sharded run on a core a device, where the system can pin (runner.timing_cpu)
-    cpu = runner.timing_cpu()
-    cores = None if cpu is None else sorted(os.sched_getaffinity(0))
-    env = {"XLA_FLAGS": host_devices_flag(max(counts))} | runner.pinned_to(cpu)
+    # each run on one core, and JAX's sharded run on a core a device, where the system can pin (runner.on_cpus)
+    cores = runner.timing_cpus()
+    env = {"XLA_FLAGS": host_devices_flag(max(counts))}
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
         request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
                    "fit_models": picks, "cpus": cores}
@@ -181,4 +179,6 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
                 "note": f"timed on {refits} refit{'s' * (refits != 1)}, extrapolated"}
     notes = [f"fewer than {c} JAX devices here: the run sharded over {c} was skipped"
              for c in counts if "jax" in answers and f"jax-vmap-{c}dev" not in timing]
+    notes += [f"{c} JAX devices on {len(cores)} core{'s' * (len(cores) != 1)}: the sharded run shares them"
+              for c in counts if cores is not None and len(cores) < c and f"jax-vmap-{c}dev" in timing]
     return {"forecasts": forecasts, "timing": timing, "notes": notes}

@@ -181,9 +181,12 @@ def test_a_walk_forward_that_fails_in_the_worker_is_named(tmp_path):
     from compare import distributed
 
     class Failing:
+        live, failed = ["jax"], {}
+
         def each(self, cmd, request_for, on_event=None, *, only, fail_engines):
             request = request_for("jax")
             assert cmd == "walk_forward" and only == ["jax"] and request["devices"] == [1] and not fail_engines
+            assert request["repeats"] == 1  # timed as the launch over processes is: one run after the compile
             assert request["config"]["batch_order"] == "numpy" and request["config"]["epochs"] == 3
             return {"jax": "ValueError: boom"}
 
@@ -193,6 +196,10 @@ def test_a_walk_forward_that_fails_in_the_worker_is_named(tmp_path):
     assert distributed._walk_forward_one(Failing(), windows, cfg, tmp_path, incomplete) is None
     assert incomplete == {"walk-forward": "1 process failed: ValueError: boom; output: engines/jax/worker.log in the "
                                           "run folder"}
+    stopped = Failing()  # the worker died on an earlier request: nothing asked, no traceback, the reason given
+    stopped.live, stopped.failed, incomplete = [], {"jax": "worker exited (code 1)"}, {}
+    assert distributed._walk_forward_one(stopped, windows, cfg, tmp_path, incomplete) is None
+    assert incomplete == {"walk-forward": "1 process: the JAX worker had stopped before it (worker exited (code 1))"}
 
 
 @pytest.mark.parametrize("fit", [False, True])
