@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
@@ -275,8 +276,12 @@ def bench(args: argparse.Namespace) -> int:
     totals = {e: len(bench_paths.bench_paths(e)) * args.repeats for e in engines} | {"numpy": args.repeats} | (
         {"walk-forward": 1} if "jax" in engines else {}) | {
         f"zoo {m}": sum(len(bench_paths.zoo_paths(e, m)) for e in engines) * args.repeats for m in models}
-    with tempfile.TemporaryDirectory(prefix="native-loops-bench-") as tmp, report.bench_progress(totals) as tick:
-        timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats, on_timing=tick)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="native-loops-bench-"))
+        tick = stack.enter_context(report.bench_progress(totals))
+        # one worker per engine for the HAR and every zoo model: an engine starts in seconds, once
+        pool = stack.enter_context(runner.Pool(engines, Path(tmp), jobs=1))
+        timings = bench_paths.run(prepared, cfg, engines, Path(tmp), args.repeats, on_timing=tick, pool=pool)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
             windows = walk.build_windows(panel, sorted(panel["activo"].unique()), args.split, args.end)
             (Path(tmp) / "walk").mkdir()
@@ -289,7 +294,7 @@ def bench(args: argparse.Namespace) -> int:
             (Path(tmp) / name).mkdir()
             timed = bench_paths.run(data, model_cfg, engines, Path(tmp) / name, args.repeats,
                                     on_timing=lambda engine, path, row=f"zoo {name}": tick(row, f"{engine} {path}"),
-                                    model=name)
+                                    model=name, pool=pool)
             timings.setdefault("zoo", {})[name] = timed
             timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
     report.print_bench(timings, bench_paths.targets(timings))

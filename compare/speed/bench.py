@@ -7,6 +7,7 @@ Timings are never asserted by tests: these machines are shared and noisy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -91,11 +92,13 @@ def numpy_adam(data: HarData, cfg: TrainConfig) -> float:
 
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repeats: int,
-        on_timing=lambda row, path: None, model: str | None = None) -> dict:
+        on_timing=lambda row, path: None, model: str | None = None, pool: runner.Pool | None = None) -> dict:
     """Time every path `repeats` times; the JSON of `native-loops bench --json`. `on_timing(engine, path)` after
     each timed run (row "numpy" for the floor). With `model` (a zoo model's name), time `zoo_paths` of that model
     instead, without the NumPy floor (it is the HAR's). Each path runs alone on one core, where the system can pin
-    (`runner.on_cpus`); `cpus` in the result: the cores each engine's worker, and the floor, ran on."""
+    (`runner.on_cpus`); `cpus` in the result: the cores each engine's worker, and the floor, ran on. `pool`: workers
+    to reuse (the HAR and each zoo model of one bench: an engine's start is seconds); by default, a pool of its own.
+    An engine that failed in it, here or before, is in the result's `incomplete`."""
     cfg = cfg.replace(validate=False)
     timings: dict[str, dict[str, list]] = {}
     stages = {}
@@ -114,14 +117,15 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
 
     cores, cpus = runner.timing_cpus(), {}  # every path on one core, one worker at a time (runner.on_cpus)
     cpu = cores[-1:] if cores else None
-    with runner.Pool(engines, folder, jobs=1) as pool:
+    with contextlib.ExitStack() as own:
+        pool = pool or own.enter_context(runner.Pool(engines, folder, jobs=1))
         request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model,
                    "cpus": cpu}
         if model:
             request |= {"model": model, "build": ZOO[model].build}
         pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)},
                   lambda e, event: cpus.__setitem__(e, event["cpus"]) if event["event"] == "done" else on_event(e, event))
-        failed = dict(pool.failed)
+        failed = {e: pool.failed[e] for e in engines if e in pool.failed}
     steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
     if model:
         return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,

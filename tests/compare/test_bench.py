@@ -5,6 +5,7 @@ import re
 
 from compare import cli
 from compare import data as har_data
+from keras_side.spec import TrainConfig
 
 
 def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel, har):
@@ -70,3 +71,20 @@ def test_a_zoo_model_has_floors_only_where_they_are_its_step():
     assert "jax-raw-scan" in bench.zoo_paths("jax", "lstm") and "torch-raw" in bench.zoo_paths("torch", "conv1d")
     # no raw version of mlp_l2; the HAR's zoo entry counts an MAE metric each step, which its floor does not
     assert not {"jax-raw", "torch-raw"} & {*bench.zoo_paths("jax", "mlp_l2"), *bench.zoo_paths("torch", "har")}
+
+
+def test_an_engine_that_failed_in_a_shared_pool_is_incomplete_for_every_later_model(har, tmp_path):
+    """The bench reuses one worker per engine for the HAR and each zoo model: an engine whose worker failed earlier
+    is asked nothing and is named as incomplete for this model too, not left out without a word."""
+    from compare.speed import bench
+
+    class Pool:
+        failed, asked = {"torch": "worker exited (code 1)"}, []
+
+        def each(self, cmd, request_for, on_event, **_):
+            self.asked.append(cmd)  # the real pool asks only its live workers: here, none
+            return {}
+
+    pool = Pool()
+    result = bench.run(har, TrainConfig(epochs=1), ["torch", "jax"], tmp_path, 1, model="conv1d", pool=pool)
+    assert result["incomplete"] == {"torch": "worker exited (code 1)"} and pool.asked == ["bench"]
