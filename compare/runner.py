@@ -34,7 +34,9 @@ WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker tha
 # own runtime may use a second core, so the timed commands pin instead: `on_cpus`). A full compare on 2 cores:
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
 JOBS = 3
-XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# (It also held `intra_op_parallelism_threads=1`, the folklore of jax-ml/jax#743, which is no XLA flag: XLA read no flag
+# after it, and without it the thread count and CPU time are the same, measured.)
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 # A worker that sends nothing for this long is stopped and its engine fails, so a hung engine or `build_model`
 # cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward). The
 # clock starts when the worker says it is ready (its engine imported): start-up is never mistaken for a hang, and
@@ -100,8 +102,7 @@ def cores_in_use() -> list[int] | None:
 
 
 def xla_flags(flags: str = "") -> str:
-    """`flags` and the one-thread flags, in that order: XLA reads no flag after XLA_ONE_THREAD's bare
-    `intra_op_parallelism_threads=1` (measured: a host-device count put after it left one device)."""
+    """A caller's `flags` (host devices) and the one-thread flag: joined, never one replacing the other."""
     return " ".join(filter(None, (flags, XLA_ONE_THREAD)))
 
 

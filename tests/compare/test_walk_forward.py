@@ -107,8 +107,9 @@ def test_a_sharded_run_without_its_devices_is_skipped_and_said(panel, tmp_path, 
 
 def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch):
     """The walk-forward asks its JAX worker for host devices through XLA_FLAGS, which replaced the flags that keep
-    every worker on one thread (JAX's many-model timings ran on XLA's default threads, torch's on one); and placed
-    after them, the device count is not read at all: the worker has the devices it asked for, on one thread."""
+    every worker on one thread (JAX's many-model timings ran on XLA's default threads, torch's on one). Now they
+    join, and in either order XLA reads both: the bare `intra_op_parallelism_threads=1` the one-thread flags held
+    until this round is no XLA flag, and XLA read no flag after it (a device count put there left one device)."""
     import subprocess
     import sys
 
@@ -125,6 +126,7 @@ def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch)
     runner.Worker("jax", tmp_path, {"XLA_FLAGS": wf.host_devices_flag(2)})
     assert set(seen["XLA_FLAGS"].split()) == {*runner.XLA_ONE_THREAD.split(), wf.host_devices_flag(2)}
     monkeypatch.undo()  # subprocess.Popen itself again
-    count = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('cpu')))"], env=seen,
-                           capture_output=True, text=True)
-    assert count.stdout.split()[-1:] == ["2"], count.stderr[-2000:]
+    for flags in (seen["XLA_FLAGS"], f"{runner.XLA_ONE_THREAD} {wf.host_devices_flag(2)}"):  # either order
+        count = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('cpu')))"],
+                               env=seen | {"XLA_FLAGS": flags}, capture_output=True, text=True)
+        assert count.stdout.split()[-1:] == ["2"], (flags, count.stderr[-2000:])
