@@ -12,8 +12,7 @@ import signal
 import sys
 import threading
 import time
-import contextlib
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from compare import commands, runner
 from compare import data as har_data
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except StdoutFailed as err:
         _discard(stdout)
-        with contextlib.suppress(OSError):  # stderr may be the same broken pipe (`2>&1 | head`)
+        with suppress(OSError):  # stderr may be the same broken pipe (`2>&1 | head`)
             print(f"native-loops: error: standard output cannot be written ({err}), so the run stopped there; send it "
                   "to a file or a terminal", file=sys.stderr)
         return 2

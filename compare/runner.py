@@ -7,6 +7,7 @@ installed, is recorded with its reason and the other engines carry on.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -15,8 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import contextlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +60,8 @@ HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
 def timing_cpus() -> list[int] | None:
-    """The cores a timed run may use, the last first to be used; None where the system cannot pin (macOS)."""
+    """The cores a timed run may use, in order (a run on n cores takes the last n); None where the system cannot pin
+    (macOS)."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
 
 
@@ -69,7 +69,7 @@ def _threads(every_thread: bool) -> list[int]:
     return [int(t) for t in os.listdir("/proc/self/task")] if every_thread else [0]
 
 
-@contextmanager
+@contextlib.contextmanager
 def on_cpus(cpus: list[int] | None, *, every_thread: bool = False):
     """The calling thread, or every thread of this process, on `cpus` for the block, then each back on the cores it
     had (Linux: each thread has its own affinity, and a thread made inside the block keeps the block's); nothing

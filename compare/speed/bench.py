@@ -101,7 +101,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
     An engine that failed in it, here or before, is in the result's `incomplete`."""
     cfg = cfg.replace(validate=False)
     timings: dict[str, dict[str, list]] = {}
-    stages = {}
+    stages, cpus = {}, {}
     data_file = folder / "data.npz"
     data.save(data_file)
 
@@ -114,8 +114,10 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
             if event.get("compile_seconds") is not None:
                 entry["compile"].append(event["compile_seconds"])
             on_timing(engine, event["path"])
+        if event.get("event") == "done":  # the cores its threads ran on
+            cpus[engine] = event["cpus"]
 
-    cores, cpus = runner.timing_cpus(), {}  # every path on one core, one worker at a time (runner.on_cpus)
+    cores = runner.timing_cpus()  # every path on one core, one worker at a time (runner.on_cpus)
     cpu = cores[-1:] if cores else None
     with contextlib.ExitStack() as own:
         pool = pool or own.enter_context(runner.Pool(engines, folder, jobs=1))
@@ -123,8 +125,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
                    "cpus": cpu}
         if model:
             request |= {"model": model, "build": ZOO[model].build}
-        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)},
-                  lambda e, event: cpus.__setitem__(e, event["cpus"]) if event["event"] == "done" else on_event(e, event))
+        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)}, on_event)
         failed = {e: pool.failed[e] for e in engines if e in pool.failed}
     steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
     if model:
