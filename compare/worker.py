@@ -231,10 +231,10 @@ def _walk_forward(request: dict, cpus: list[int] | None) -> dict:
     cfg, out = TrainConfig(**request["config"]), Path(request["out"])
     with np.load(request["windows"]) as z:
         w = dict(z)
-    trainer = _walk_jax if ENGINE == "jax" else _walk_torch
+    trained = _walk_jax(w, cfg, request["devices"], cpus, request.get("repeats")) if ENGINE == "jax" else \
+        _walk_torch(w, cfg)  # one device, timed by its epochs
     timings = {}
-    for name, (pred, seconds, compile_seconds, devices, cores) in trainer(w, cfg, request["devices"], cpus,
-                                                                          request.get("repeats")).items():
+    for name, (pred, seconds, compile_seconds, devices, cores) in trained.items():
         np.save(out / f"walk-forward-{name}.npy", pred)
         timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices, "cpus": cores}
     fit_seconds = []
@@ -268,8 +268,7 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[in
     return found
 
 
-def _walk_torch(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[int] | None = None,
-                repeats: int | None = None) -> dict:
+def _walk_torch(w: dict, cfg: TrainConfig) -> dict:
     from native.torch import loop as torch_loop
     from native.torch import many as torch_many
 
