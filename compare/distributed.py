@@ -14,8 +14,10 @@ training rows cut to whole batches (Keras shards a batch evenly or, on JAX, not 
 one otherwise: docs/distributed.md). Throughput is training samples per second of training (the launch, the imports
 and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run asks for one
 thread a process or device, as the pool's workers do (torch by `seed_everything`, JAX by its XLA flags, TensorFlow's
-replicas one thread each by `mirrored.use_cpus`); JAX's flags hold only Eigen, and its runtime may use a second core
-(measured in docs/speed.md; nothing here is pinned, unlike in `bench` and `walk-forward`).
+replicas one thread each by `mirrored.use_cpus`), and is pinned, since JAX's flags hold only Eigen and its runtime
+takes a second core where it can (docs/speed.md): process i of a launch on a core of its own, a process of N devices
+on N cores, the one-process run on one of them (`launch_cpus`, `keras_side.cores`), so a ratio is one core against
+one a process.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ import numpy as np
 
 from compare import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
+from keras_side import cores
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, exit_reason, load_trained, versions, whole_batches
+from keras_side.config import HarData, exit_reason, load_trained, trained_cpus, versions, whole_batches
 from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 
 ENGINES = ("torch", "jax", "tensorflow")
@@ -59,9 +62,13 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
             fit: bool = False):
     """The engine's own launcher as a command, so that this process never imports Keras (its backend is fixed at
     the first import): torchrun for torch, `python -m native.jax.sharded --processes N` for JAX. With `fit`, `fit`
-    under Keras's distribution over `processes` devices of one process (JAX: as many host devices)."""
+    under Keras's distribution over `processes` devices of one process (JAX: as many host devices). Pinned where it
+    can be (`launch_cpus`): process i computes on the i-th core, a process that runs every device on all of them."""
     args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build, *extra]
     env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    cpus = launch_cpus(processes)
+    if cpus:
+        env[cores.CPUS_VARIABLE] = ",".join(map(str, cpus))
     if engine == "torch":
         command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
                    "-m", "native.torch.ddp", *args]
@@ -75,6 +82,14 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
         command = [sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", str(processes), *args,
                    *(["--fit"] if fit else [])]
     return _run(command, env, out.parent / f"{out.stem}.log")
+
+
+def launch_cpus(processes: int) -> list[int] | None:
+    """The cores of a run over `processes` processes or devices, one each: the last `processes` this process may use
+    (`cores.timing_cpus`). The one-process run takes the last of them. None, and nothing pinned, where the system
+    cannot pin or has fewer cores."""
+    usable = cores.timing_cpus()
+    return usable[-processes:] if usable and len(usable) >= processes else None
 
 
 def _run(command: list[str], env: dict, log: Path) -> subprocess.CompletedProcess:
@@ -110,11 +125,16 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
     data.save(folder / "data.npz")
     config = {k: v for k, v in cfg.to_dict().items()}
     found, incomplete, notes = {}, {}, []
+    cpus = launch_cpus(processes)
+    if cpus is None:
+        why = f"has fewer than {processes} cores" if cores.timing_cpus() else "cannot pin a process to a core"
+        notes.append(f"not pinned: this machine {why}, so a process may take more than one core and the throughput "
+                     "ratios are not one core against one a process")
     fits = fit_engines(engines, cfg, processes, notes) if fit else []
     if fits:  # Keras's sharded fit takes whole batches only: both sides train on the rows that make them
         whole_batches(data, cfg.batch_size, processes).save(folder / "whole.npz")
     with runner.Pool(engines, folder, jobs=1) as pool:  # one request at a time: each timing has the machine
-        request = {"data": str(folder / "data.npz"), "config": config, "build": build}
+        request = {"data": str(folder / "data.npz"), "config": config, "build": build, "cpus": cpus and cpus[-1:]}
         pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-worker.npz")}, on_event)
         incomplete |= pool.failed
         # plain fit on one device, the baseline of fit under Keras's distribution, by the worker already running
@@ -132,13 +152,13 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         if fits:
             found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
         _measure_rounding(pool, found, request, folder, on_event)
-        one = _walk_forward_one(pool, windows, cfg, folder, incomplete) \
+        one = _walk_forward_one(pool, windows, cfg, folder, incomplete, cpus and cpus[-1:]) \
             if windows is not None and "jax" in engines and "jax" not in incomplete else None
     if one is not None:
         found["walk-forward"] = _walk_forward(one, windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
-    return {"processes": processes, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
+    return {"processes": processes, "cpus": cpus, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
             "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
 
 
@@ -217,13 +237,14 @@ def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Pa
 def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) -> dict:
     """A check: the weights of the launch's `<name>-<processes>.npz` against the worker's one-process run,
     `<name>-worker.npz` (apart, so that a one-process launch does not overwrite it), within DATA_PARALLEL_ATOL, and
-    the throughput of each."""
-    (one, one_seconds), (many, many_seconds) = (load_trained(folder / f"{name}-{run}.npz") for run in
-                                                ("worker", processes))
+    the throughput of each, and the cores each computed on (the launch's: its first process's)."""
+    files = {"one": folder / f"{name}-worker.npz", "many": folder / f"{name}-{processes}.npz"}
+    (one, one_seconds), (many, many_seconds) = (load_trained(f) for f in files.values())
     gap = _gap(one, many)
     return {"check": f"data_parallel/{name}", "runtime": runtime, "gap": gap, "tolerance": DATA_PARALLEL_ATOL,
             "passed": gap <= DATA_PARALLEL_ATOL, "seconds": {"one": one_seconds, "many": many_seconds},
-            "samples_per_s": {"one": samples / one_seconds, "many": samples / many_seconds}}
+            "samples_per_s": {"one": samples / one_seconds, "many": samples / many_seconds},
+            "cpus": {run: trained_cpus(f) for run, f in files.items()}}
 
 
 def _walk_config(cfg: TrainConfig) -> dict:
@@ -231,11 +252,11 @@ def _walk_config(cfg: TrainConfig) -> dict:
     return {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate}
 
 
-def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder: Path,
-                      incomplete: dict) -> tuple[np.ndarray, float] | None:
-    """Every walk-forward model trained at once by the JAX worker already running, on its one device: the
-    reference of the launch over processes, (forecasts, seconds); None, and the reason in `incomplete`, when it
-    fails. The launch's spec, as its launcher reads it."""
+def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder: Path, incomplete: dict,
+                      cpus: list[int] | None = None) -> tuple[np.ndarray, float, list[int] | None] | None:
+    """Every walk-forward model trained at once by the JAX worker already running, on its one device (on `cpus`):
+    the reference of the launch over processes, (forecasts, seconds, the cores it computed on); None, and the
+    reason in `incomplete`, when it fails. The launch's spec, as its launcher reads it."""
     if "jax" not in pool.live:  # its worker stopped on an earlier request
         reason = pool.failed.get("jax", "no reason given")
         incomplete["walk-forward"] = f"1 process: the JAX worker had stopped before it ({reason})"
@@ -243,18 +264,19 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
     spec, answer = data_parallel_config(json.dumps(_walk_config(cfg))), {}
     failed = pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
-                                                  "devices": [1], "fit_models": [], "repeats": 1},  # as the launch
+                                                  "devices": [1], "fit_models": [], "repeats": 1,  # as the launch
+                                                  "cpus": cpus},
                        lambda e, event: answer.update(event) if event["event"] == "done" else None, only=["jax"],
                        fail_engines=False)
     if failed:
         incomplete["walk-forward"] = (f"1 process failed: {failed['jax']}; output: engines/jax/worker.log in the run "
                                       "folder")
         return None
-    forecasts = np.load(pool.engine_folder("jax") / "walk-forward-jax-vmap-1dev.npy")
-    return forecasts, float(answer["timings"]["jax-vmap-1dev"]["seconds"])
+    forecasts, timed = np.load(pool.engine_folder("jax") / "walk-forward-jax-vmap-1dev.npy"), answer["timings"]
+    return forecasts, float(timed["jax-vmap-1dev"]["seconds"]), timed["jax-vmap-1dev"]["cpus"]
 
 
-def _walk_forward(one: tuple[np.ndarray, float], windows: dict, cfg: TrainConfig, processes: int, folder: Path,
+def _walk_forward(one: tuple[np.ndarray, float, list[int] | None], windows: dict, cfg: TrainConfig, processes: int, folder: Path,
                   incomplete: dict) -> dict | None:
     """Every walk-forward model trained at once with the model axis split over `processes` JAX processes, against
     `one` (`_walk_forward_one`): the same forecasts (each model's arithmetic is its own), and models per second of
@@ -266,13 +288,15 @@ def _walk_forward(one: tuple[np.ndarray, float], windows: dict, cfg: TrainConfig
         incomplete["walk-forward"] = _failure(launched, f"{processes} processes", f"{out.stem}.log")
         return None
     with np.load(out) as z:
-        found = {"one": one, "many": (z["forecasts"], float(z["seconds"]))}
+        many = (z["forecasts"], float(z["seconds"]), [int(c) for c in z["cpus"]] if "cpus" in z.files else None)
+    found = {"one": one, "many": many}
     models = int((windows["rows"] > 0).sum())
-    gap = _gap([found["one"][0]], [found["many"][0]])
+    gap = _gap([one[0]], [many[0]])
     return {"check": "data_parallel/walk-forward", "runtime": "jax.distributed, N procs",
             "gap": gap, "tolerance": SHARDED_ATOL, "passed": gap <= SHARDED_ATOL,
-            "seconds": {run: s for run, (_, s) in found.items()},
-            "samples_per_s": {run: models / s for run, (_, s) in found.items()}, "unit": "models/s"}
+            "seconds": {run: s for run, (_, s, _) in found.items()},
+            "samples_per_s": {run: models / s for run, (_, s, _) in found.items()}, "unit": "models/s",
+            "cpus": {run: c for run, (_, _, c) in found.items()}}
 
 
 def _failure(launched: subprocess.CompletedProcess, what: str, log: str) -> str:

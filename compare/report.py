@@ -289,6 +289,10 @@ def print_distributed(found: dict) -> None:
         table.add_row(row["check"], f"{mark} {row['gap']:.1e}", f"{row['tolerance']:g}", f"{one:,.0f}",
                       f"{many:,.0f}", unit, f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))
     console().print(table)
+    if found.get("cpus"):
+        console().print(f"pinned: a launch's process i on the i-th of CPUs {', '.join(map(str, found['cpus']))} (one "
+                        f"process of {n} devices or replicas on all {n}); every one-process run on CPU "
+                        f"{found['cpus'][-1]}")
     cut = {row["training_rows"] for row in found["engines"].values() if "training_rows" in row}
     if cut:
         console().print(f"fit's rows: the first {min(cut):,} training rows (whole batches), as Keras shards a batch "

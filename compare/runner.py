@@ -7,7 +7,6 @@ installed, is recorded with its reason and the other engines carry on.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
@@ -30,7 +29,7 @@ from keras_side.zoo import ZOO
 
 WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker asks for one thread (keras_side.determinism.THREADS; JAX: XLA_ONE_THREAD, which holds only Eigen: XLA's
-# own runtime may use a second core, so the timed commands pin instead: `on_cpus`). A full compare on 2 cores:
+# own runtime may use a second core, so the timed commands pin instead: keras_side.cores). A full compare on 2 cores:
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
 JOBS = 3
 # (It also held `intra_op_parallelism_threads=1`, the folklore of jax-ml/jax#743, which is no XLA flag: XLA read no flag
@@ -51,54 +50,6 @@ STARTUP_LIMIT_S = 900.0
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
 MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.worker.MANY`)
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
-
-
-# A timed run's core: each timed request of `native-loops bench` and `walk-forward` pins every thread of its worker to
-# one core for the request (`on_cpus`), the other workers idle or starting beside it on the others (Linux). Pinned, not
-# told one thread: JAX's CPU runtime takes no thread count (XLA_ONE_THREAD holds Eigen to one thread, not XLA's own
-# pool; jax-ml/jax#1539), and Keras's `fit` on JAX runs its Python beside the step on a second core: docs/speed.md.
-
-
-def timing_cpus() -> list[int] | None:
-    """The cores a timed run may use, in order (a run on n cores takes the last n); None where the system cannot pin
-    (macOS)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
-
-
-def _threads(every_thread: bool) -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")] if every_thread else [0]
-
-
-@contextlib.contextmanager
-def on_cpus(cpus: list[int] | None, *, every_thread: bool = False):
-    """The calling thread, or every thread of this process, on `cpus` for the block, then each back on the cores it
-    had (Linux: each thread has its own affinity, and a thread made inside the block keeps the block's); nothing
-    when `cpus` is None."""
-    if not cpus:
-        yield
-        return
-    before = {}
-    try:
-        for task in _threads(every_thread):
-            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
-                before[task] = os.sched_getaffinity(task)
-                os.sched_setaffinity(task, set(cpus))
-        yield
-    finally:
-        for task, cores in before.items():
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(task, cores)
-
-
-def cores_in_use() -> list[int] | None:
-    """The cores any thread of this process may run on now; None where the system does not say (macOS)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cores = set()
-    for task in _threads(os.path.isdir("/proc/self/task")):
-        with contextlib.suppress(ProcessLookupError):
-            cores |= os.sched_getaffinity(task)
-    return sorted(cores)
 
 
 def xla_flags(flags: str = "") -> str:

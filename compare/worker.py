@@ -19,11 +19,11 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from compare import paths, runner, zoo
+from compare import paths, zoo
 from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
-from keras_side import fit, models
+from keras_side import cores, fit, models
 from keras_side.config import HarData, Scaling, keras_inputs, loss_units, save_trained
 from keras_side.spec import TrainConfig, resolve, training_loss
 from keras_side.zoo import ZOO
@@ -161,8 +161,14 @@ def parity(request: dict, send) -> dict:
 
 def native_weights(request: dict, send) -> dict:
     """The native loop in this one process, on the request's spec, or with `fit`: plain `fit` on one device. The
-    trained weights and the training seconds: the baselines of `native-loops distributed`. With `nudge`, from one
-    ulp away (`nudge` below): how far rounding alone carries the run."""
+    trained weights, the training seconds and the cores it ran on: the baselines of `native-loops distributed`.
+    With `nudge`, from one ulp away (`nudge` below): how far rounding alone carries the run. With `cpus`, every
+    thread of this process on those cores meanwhile (`cores.on_cpus`)."""
+    with cores.on_cpus(request.get("cpus"), every_thread=True):
+        return _native_weights(request, send)
+
+
+def _native_weights(request: dict, send) -> dict:
     data, cfg = HarData.load(request["data"]), TrainConfig(**request["config"])
     seed_everything(cfg.seed)
     path = "fit" if request.get("fit") else "native"
@@ -180,7 +186,7 @@ def native_weights(request: dict, send) -> dict:
     else:
         result = paths.loop(ENGINE).train(model, data, cfg, progress=progress)
         weights, seconds = result.weights, result.train_seconds + (result.compile_seconds or 0.0)  # compiles too
-    save_trained(request["weights"], weights, seconds)
+    save_trained(request["weights"], weights, seconds, cores.cores_in_use())
     return {}
 
 
@@ -195,8 +201,8 @@ def nudge(model: keras.Model) -> None:
 
 def bench(request: dict, send) -> dict:
     """Train each requested path `repeats` times, alternating paths, and report each wall time; with `cpus`, every
-    thread of this process on those cores meanwhile (`runner.on_cpus`)."""
-    with runner.on_cpus(request.get("cpus"), every_thread=True):
+    thread of this process on those cores meanwhile (`cores.on_cpus`)."""
+    with cores.on_cpus(request.get("cpus"), every_thread=True):
         return _bench(request, send)
 
 
@@ -215,15 +221,15 @@ def _bench(request: dict, send) -> dict:
     if request.get("stages") and ENGINE == "torch":  # where the eager step's time goes
         seed_everything(cfg.seed)
         send(event="stages", stages=floors.torch_stages(_model(request, data), data, cfg))
-    return {"cpus": runner.cores_in_use()}
+    return {"cpus": cores.cores_in_use()}
 
 
 def walk_forward(request: dict, send) -> dict:
     """Train every walk-forward model at once on this engine, then time a few refits with `fit`. With `cpus` (the
     cores the run may use), every thread of this process on the last of them meanwhile, and JAX's sharded run on a
-    core a device (`runner.on_cpus`)."""
+    core a device (`cores.on_cpus`)."""
     cpus = request.get("cpus")
-    with runner.on_cpus(cpus[-1:] if cpus else None, every_thread=True):
+    with cores.on_cpus(cpus[-1:] if cpus else None, every_thread=True):
         return _walk_forward(request, cpus)
 
 
@@ -234,9 +240,9 @@ def _walk_forward(request: dict, cpus: list[int] | None) -> dict:
     trained = _walk_jax(w, cfg, request["devices"], cpus, request.get("repeats")) if ENGINE == "jax" else \
         _walk_torch(w, cfg)  # one device, timed by its epochs
     timings = {}
-    for name, (pred, seconds, compile_seconds, devices, cores) in trained.items():
+    for name, (pred, seconds, compile_seconds, devices, used) in trained.items():
         np.save(out / f"walk-forward-{name}.npy", pred)
-        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices, "cpus": cores}
+        timings[name] = {"seconds": seconds, "compile_seconds": compile_seconds, "devices": devices, "cpus": used}
     fit_seconds = []
     for a, r in request["fit_models"]:
         rows = int(w["rows"][a, r])
@@ -261,10 +267,10 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[in
 
     found = {}
     for count in (c for c in device_counts if c <= len(jax.devices())):
-        with runner.on_cpus(cpus[-count:] if cpus else None, every_thread=True):  # a core a device
+        with cores.on_cpus(cpus[-count:] if cpus else None, every_thread=True):  # a core a device
             pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
                                                                 repeats=repeats or WALK_FORWARD_REPEATS)
-            found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, runner.cores_in_use())
+            found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, cores.cores_in_use())
     return found
 
 
@@ -280,7 +286,7 @@ def _walk_torch(w: dict, cfg: TrainConfig) -> dict:
                                    epoch_seconds=epochs)
     seconds, compile_seconds = torch_loop.compile_apart(epochs)
     return {"torch-vmap": (torch_many.predict_many(init.model, params, w["x_next"])[..., 0], seconds,
-                           compile_seconds, 1, runner.cores_in_use())}
+                           compile_seconds, 1, cores.cores_in_use())}
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).

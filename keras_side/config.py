@@ -173,15 +173,23 @@ def save_npz(path, **arrays) -> None:
     os.replace(tmp, path)
 
 
-def save_trained(path, weights, seconds: float) -> None:
-    """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds."""
-    save_npz(path, seconds=seconds, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
+def save_trained(path, weights, seconds: float, cpus: list[int] | None = None) -> None:
+    """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds; with
+    `cpus`, the cores the process that wrote it computed on (`keras_side.cores.cores_in_use`)."""
+    cores = {} if cpus is None else {"cpus": np.asarray(cpus, np.int64)}
+    save_npz(path, seconds=seconds, **cores, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
 
 
 def load_trained(path) -> tuple[list[np.ndarray], float]:
     """`save_trained`'s weights, in order, and seconds."""
     with np.load(path) as z:
-        return [z[f"w_{i}"] for i in range(len(z.files) - 1)], float(z["seconds"])
+        return [z[f"w_{i}"] for i in range(sum(f.startswith("w_") for f in z.files))], float(z["seconds"])
+
+
+def trained_cpus(path) -> list[int] | None:
+    """The cores `save_trained` recorded, or None."""
+    with np.load(path) as z:
+        return [int(c) for c in z["cpus"]] if "cpus" in z.files else None
 
 
 def exit_reason(code: int) -> str:

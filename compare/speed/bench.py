@@ -18,6 +18,7 @@ import numpy as np
 
 from compare import paths, runner
 from compare.speed import floors
+from keras_side import cores
 from keras_side.config import HarData, batch_slices, numpy_orders, versions
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
@@ -96,7 +97,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
     """Time every path `repeats` times; the JSON of `native-loops bench --json`. `on_timing(engine, path)` after
     each timed run (row "numpy" for the floor). With `model` (a zoo model's name), time `zoo_paths` of that model
     instead, without the NumPy floor (it is the HAR's). Each path runs alone on one core, where the system can pin
-    (`runner.on_cpus`); `cpus` in the result: the cores each engine's worker, and the floor, ran on. `pool`: workers
+    (`cores.on_cpus`); `cpus` in the result: the cores each engine's worker, and the floor, ran on. `pool`: workers
     to reuse (the HAR and each zoo model of one bench: an engine's start is seconds); by default, a pool of its own.
     An engine that failed in it, here or before, is in the result's `incomplete`."""
     cfg = cfg.replace(validate=False)
@@ -117,8 +118,8 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         if event.get("event") == "done":  # the cores its threads ran on
             cpus[engine] = event["cpus"]
 
-    cores = runner.timing_cpus()  # every path on one core, one worker at a time (runner.on_cpus)
-    cpu = cores[-1:] if cores else None
+    usable = cores.timing_cpus()  # every path on one core, one worker at a time (cores.on_cpus)
+    cpu = usable[-1:] if usable else None
     with contextlib.ExitStack() as own:
         pool = pool or own.enter_context(runner.Pool(engines, folder, jobs=1))
         request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model,
@@ -132,7 +133,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
                 "cpus": cpus}
     floor = []
-    with runner.on_cpus(cpu):
+    with cores.on_cpus(cpu):
         for _ in range(repeats):
             floor.append(numpy_adam(data, cfg))
             on_timing("numpy", "numpy-floor")

@@ -16,6 +16,7 @@ import pandas as pd
 from compare import data as har_data
 from compare import runner
 from compare.errors import NativeLoopsError
+from keras_side import cores
 from keras_side.spec import TrainConfig
 
 REFIT_EVERY = 21
@@ -154,12 +155,12 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
     live = np.argwhere(w.live)
     picks = live[np.linspace(0, len(live) - 1, fit_refits).round().astype(int)].tolist() if fit_refits else []
     answers = {}
-    # each run on one core, and JAX's sharded run on a core a device, where the system can pin (runner.on_cpus)
-    cores = runner.timing_cpus()
+    # each run on one core, and JAX's sharded run on a core a device, where the system can pin (cores.on_cpus)
+    usable = cores.timing_cpus()
     env = {"XLA_FLAGS": host_devices_flag(max(counts))}
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
         request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
-                   "fit_models": picks, "cpus": cores}
+                   "fit_models": picks, "cpus": usable}
         pool.each("walk_forward", lambda e: request,
                   lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)
     if pool.failed:
@@ -179,6 +180,6 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
                 "note": f"timed on {refits} refit{'s' * (refits != 1)}, extrapolated"}
     notes = [f"fewer than {c} JAX devices here: the run sharded over {c} was skipped"
              for c in counts if "jax" in answers and f"jax-vmap-{c}dev" not in timing]
-    notes += [f"{c} JAX devices on {len(cores)} core{'s' * (len(cores) != 1)}: the sharded run shares them"
-              for c in counts if cores is not None and len(cores) < c and f"jax-vmap-{c}dev" in timing]
+    notes += [f"{c} JAX devices on {len(usable)} core{'s' * (len(usable) != 1)}: the sharded run shares them"
+              for c in counts if usable is not None and len(usable) < c and f"jax-vmap-{c}dev" in timing]
     return {"forecasts": forecasts, "timing": timing, "notes": notes}

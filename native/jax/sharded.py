@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from keras_side import cores
 from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
                                take)
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config, training_loss
@@ -108,14 +109,14 @@ def _process(args) -> int:
     """One process of a `--processes N` run: join the others, train, and (process 0) write the weights. A failure
     ends the process at once, with its traceback: `jax.distributed`'s shutdown would wait for the others first."""
     try:
-        return _work(args)
+        return _work(args, cores.pin_launched(args.process_id))  # its own core, where the launcher names them
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
 
 
-def _work(args) -> int:
+def _work(args, cpus: list[int] | None) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built
     from keras_side.spec import resolve
@@ -132,7 +133,7 @@ def _work(args) -> int:
             windows = dict(z)
         pred, seconds, _ = many.forecasts(models.har, windows, cfg, jax.devices())
         if jax.process_index() == 0:
-            save_npz(args.out, seconds=seconds, forecasts=pred)
+            save_npz(args.out, seconds=seconds, forecasts=pred, **({} if cpus is None else {"cpus": cpus}))
         jax.distributed.shutdown()
         return 0
     data = HarData.load(Path(args.data))
@@ -142,7 +143,7 @@ def _work(args) -> int:
     weights = train(model, data, cfg, on_step=_progress(args.progress) if args.progress else None)
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     if jax.process_index() == 0:
-        save_trained(args.out, weights, seconds)
+        save_trained(args.out, weights, seconds, cpus)
     jax.distributed.shutdown()
     return 0
 
@@ -175,6 +176,7 @@ def _fit(args) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 
+    cpus = cores.pin_launched()  # every core the launcher names: this one process runs every device
     if args.devices is not None and len(jax.devices()) != args.devices:
         raise SystemExit(f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "
                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
@@ -185,7 +187,7 @@ def _fit(args) -> int:
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = fit_train(resolve(args.build), data, cfg)
-    save_trained(args.out, weights, time.perf_counter() - start)
+    save_trained(args.out, weights, time.perf_counter() - start, cpus)
     return 0
 
 

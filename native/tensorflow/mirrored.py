@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from keras_side import cores
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import ensure_built
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_loss, keras_optimizer
@@ -158,7 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
-    devices = use_cpus(args.replicas)  # first: before anything starts TensorFlow's runtime
+    cpus = cores.pin_launched()  # every core the launcher names: its replicas' threads share them
+    devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up
-    save_trained(args.out, weights, seconds)
+    save_trained(args.out, weights, seconds, cpus)
     return 0
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
     parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
     args = parser.parse_args(argv)
+    cpus = cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built
     from keras_side.spec import resolve
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
         weights = train(model, data, cfg)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
         if dist.get_rank() == 0:
-            save_trained(args.out, weights, seconds)
+            save_trained(args.out, weights, seconds, cpus)
     finally:
         dist.destroy_process_group()
     return 0

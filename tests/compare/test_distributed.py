@@ -2,6 +2,7 @@
 MirroredStrategy replicas on TensorFlow) against one, and `fit` under Keras's distribution on two devices (JAX,
 TensorFlow) against plain `fit`, on a short run; bad options are one line, exit 2, nothing written."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -26,7 +27,19 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
         assert set(row["samples_per_s"]) == {"one", "many"} and all(v > 0 for v in row["samples_per_s"].values())
     assert report["seed"] == 0 and "keras" in report["versions"]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["distributed.json"]  # no scratch left
-    assert "data_parallel/torch" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "data_parallel/torch" in printed
+    # pinned (Linux, 2 cores or more): each process of a launch on its own core, the first process on the first (a
+    # run of 2 devices in one process: on both), every one-process run on the last
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if len(usable) >= 2:
+        pair = usable[-2:]
+        assert report["cpus"] == pair and "pinned: a launch's process i on the i-th of CPUs" in printed
+        for name, row in report["engines"].items():
+            one_process = name in ("tensorflow", "keras-jax", "keras-tensorflow")
+            assert row["cpus"] == {"one": pair[-1:], "many": pair if one_process else pair[:1]}, name
+    else:
+        assert report["cpus"] is None and "not pinned" in printed
 
 
 def test_a_model_with_two_outputs_too(tmp_path):
