@@ -21,9 +21,26 @@ CPUS_VARIABLE = "NATIVE_LOOPS_CPUS"
 
 
 def timing_cpus() -> list[int] | None:
-    """The cores a timed run may use, in order (a run on n cores takes the last n); None where the system cannot pin
-    (macOS)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
+    """The cores a timed run may use, in order: a run on n cores takes the last n, which are on n physical cores
+    where this process may use that many (with SMT, two logical CPUs of one core share its units, so a run on both
+    is not two cores' worth). None where the system cannot pin (macOS)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    seen, firsts, siblings = set(), [], []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        core = _physical_core(cpu)
+        (siblings if core in seen else firsts).append(cpu)
+        seen.add(core)
+    return siblings + firsts
+
+
+def _physical_core(cpu: int):
+    """(package, core) of a logical CPU, from Linux's sysfs; the CPU itself where it does not say."""
+    topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+    try:
+        return tuple(int(open(f"{topology}/{name}").read()) for name in ("physical_package_id", "core_id"))
+    except (OSError, ValueError):
+        return ("cpu", cpu)
 
 
 def _threads(every_thread: bool) -> list[int]:

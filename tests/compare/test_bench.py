@@ -5,6 +5,7 @@ import re
 
 from compare import cli
 from compare import data as har_data
+from keras_side import cores
 from keras_side.spec import TrainConfig
 
 
@@ -42,7 +43,7 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel
     sequences = har_data.prepare_kind(panel, "sequence")
     assert zoo["steps"] == 2 * -(-sequences.n_train // 128) and not report["incomplete"]
     # every path on one core: every thread of each worker pinned there for its timed request, and the floor (Linux)
-    cpu = max(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
+    cpu = cores.timing_cpus()[-1] if hasattr(os, "sched_setaffinity") else None
     pinned = None if cpu is None else [cpu]
     assert report["cpus"] == {"torch": pinned, "jax": pinned, "numpy": pinned} and zoo["cpus"] == {"torch": pinned,
                                                                                                     "jax": pinned}

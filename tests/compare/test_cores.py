@@ -48,3 +48,14 @@ def test_a_launched_process_is_pinned_to_its_core_every_thread_of_it():
 def test_a_process_with_no_core_named_for_it_is_an_error_that_says_so():
     failed = pinned("3", "0,1")
     assert failed.returncode != 0 and "NATIVE_LOOPS_CPUS=0,1 names no core for process 3" in failed.stderr
+
+
+def test_the_last_n_timing_cores_are_on_n_physical_cores(monkeypatch):
+    """With SMT numbered sibling after sibling (CPUs 0 and 1 on one core, 2 and 3 on the next), the last two timing
+    cores are 0 and 2, one a physical core, and the last one is 2; without SMT, the CPUs in order."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
+    monkeypatch.setattr(cores, "_physical_core", lambda cpu: (0, cpu // 2))
+    assert cores.timing_cpus()[-2:] == [0, 2] and cores.timing_cpus()[-1:] == [2]
+    monkeypatch.setattr(cores, "_physical_core", lambda cpu: (0, cpu))
+    assert cores.timing_cpus() == [0, 1, 2, 3]
