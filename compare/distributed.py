@@ -38,6 +38,7 @@ from keras_side import cores
 from keras_side.backend import engine_environment
 from keras_side.config import HarData, exit_reason, load_trained, trained_cpus, versions, whole_batches
 from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
+from native.torch.launch import torchrun_command
 
 ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models that data parallelism can train as one process does (docs/distributed.md): BatchNorm takes the
@@ -56,6 +57,8 @@ ZOO_EPOCHS = 10
 STOP_WAIT_S = 30  # how long a stopped launcher may take to stop its own processes before they are killed
 RUNTIMES = {"torch": "DDP, N procs", "jax": "jax.distributed, N procs", "tensorflow": "Mirrored, N replicas"}
 FIT_RUNTIMES = {"jax": "fit in DataParallel", "tensorflow": "fit in Mirrored"}  # N devices of one process
+ONE_PROCESS = ("tensorflow", "keras-jax", "keras-tensorflow")  # the checks whose N-device run is one process
+RUN_NAMES = {"one": "one-process", "many": "N-process"}
 
 
 def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, build: str, *extra: str,
@@ -66,12 +69,12 @@ def _launch(engine: str, processes: int, data: Path, out: Path, config: dict, bu
     can be (`launch_cpus`): process i computes on the i-th core, a process that runs every device on all of them."""
     args = ["--data", str(data), "--out", str(out), "--config", json.dumps(config), "--build", build, *extra]
     env = engine_environment(engine) | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop(cores.CPUS_VARIABLE, None)  # a variable of the caller's would pin a run that the report says is not
     cpus = launch_cpus(processes)
     if cpus:
         env[cores.CPUS_VARIABLE] = ",".join(map(str, cpus))
     if engine == "torch":
-        command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
-                   "-m", "native.torch.ddp", *args]
+        command = torchrun_command(processes, *args)
     elif engine == "jax" and fit:
         command = [sys.executable, "-m", "native.jax.sharded", "--fit", "--devices", str(processes), *args]
         env["XLA_FLAGS"] = runner.xla_flags(f"--xla_force_host_platform_device_count={processes}")
@@ -126,15 +129,20 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
     config = {k: v for k, v in cfg.to_dict().items()}
     found, incomplete, notes = {}, {}, []
     cpus = launch_cpus(processes)
+    one_cpu = cpus[-1:] if cpus else None  # every one-process run's
     if cpus is None:
         why = f"has fewer than {processes} cores" if cores.timing_cpus() else "cannot pin a process to a core"
         notes.append(f"not pinned: this machine {why}, so a process may take more than one core and the throughput "
                      "ratios are not one core against one a process")
+    elif len({cores.physical_core(c) for c in cpus}) < processes:
+        notes.append(f"CPUs {', '.join(map(str, cpus))} are fewer physical cores than {processes} (SMT): processes "
+                     "share a core's units, so the throughput ratios are not one core against one a process")
     fits = fit_engines(engines, cfg, processes, notes) if fit else []
     if fits:  # Keras's sharded fit takes whole batches only: both sides train on the rows that make them
         whole_batches(data, cfg.batch_size, processes).save(folder / "whole.npz")
     with runner.Pool(engines, folder, jobs=1) as pool:  # one request at a time: each timing has the machine
-        request = {"data": str(folder / "data.npz"), "config": config, "build": build, "cpus": cpus and cpus[-1:]}
+        pool.started()  # no worker's start-up shares a timed core
+        request = {"data": str(folder / "data.npz"), "config": config, "build": build, "cpus": one_cpu}
         pool.each("native_weights", lambda e: {**request, "weights": str(folder / f"{e}-worker.npz")}, on_event)
         incomplete |= pool.failed
         # plain fit on one device, the baseline of fit under Keras's distribution, by the worker already running
@@ -152,14 +160,17 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], *, processes: int, 
         if fits:
             found |= _fit_checks(cfg, fits, processes, folder, config, build, incomplete, on_event)
         _measure_rounding(pool, found, request, folder, on_event)
-        one = _walk_forward_one(pool, windows, cfg, folder, incomplete, cpus and cpus[-1:]) \
+        one = _walk_forward_one(pool, windows, cfg, folder, incomplete, one_cpu) \
             if windows is not None and "jax" in engines and "jax" not in incomplete else None
     if one is not None:
         found["walk-forward"] = _walk_forward(one, windows, cfg, processes, folder, incomplete)
         if found["walk-forward"] is None:
             del found["walk-forward"]
-    return {"processes": processes, "cpus": cpus, "engines": found, "incomplete": incomplete, "notes": notes, "build": build,
-            "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples, "versions": versions()}
+    if cpus:
+        notes += _off_their_cores(found, cpus)
+    return {"processes": processes, "cpus": cpus, "engines": found, "incomplete": incomplete, "notes": notes,
+            "build": build, "config": json.loads(json.dumps(config)), "seed": cfg.seed, "samples": samples,
+            "versions": versions()}
 
 
 def _native_check(engine: str, processes: int, folder: Path, config: dict, build: str, cfg: TrainConfig,
@@ -247,6 +258,18 @@ def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) ->
             "cpus": {run: trained_cpus(f) for run, f in files.items()}}
 
 
+def _off_their_cores(found: dict, cpus: list[int]) -> list[str]:
+    """A note for each check whose runs did not compute on the cores they were given: process i of a launch on the
+    i-th of `cpus`, a process of every device on all of them, the one-process run on the last."""
+    notes = []
+    for name, row in found.items():
+        given = {"one": [cpus[-1:]], "many": [sorted(cpus)] if name in ONE_PROCESS else [[c] for c in cpus]}
+        notes += [f"{row['check']}: its {RUN_NAMES[run]} run computed on CPUs {row['cpus'][run]} (a list a process), "
+                  f"not {given[run]}: its throughput is not one core a process" for run in given
+                  if row["cpus"][run] != given[run]]
+    return notes
+
+
 def _walk_config(cfg: TrainConfig) -> dict:
     """The walk-forward's fields of the spec (its trainer reads no others): what its launch is given."""
     return {"epochs": cfg.epochs, "seed": cfg.seed, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate}
@@ -272,11 +295,11 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
         incomplete["walk-forward"] = (f"1 process failed: {failed['jax']}; output: engines/jax/worker.log in the run "
                                       "folder")
         return None
-    forecasts, timed = np.load(pool.engine_folder("jax") / "walk-forward-jax-vmap-1dev.npy"), answer["timings"]
-    return forecasts, float(timed["jax-vmap-1dev"]["seconds"]), timed["jax-vmap-1dev"]["cpus"]
+    timed = answer["timings"]["jax-vmap-1dev"]
+    return np.load(pool.engine_folder("jax") / "walk-forward-jax-vmap-1dev.npy"), timed["seconds"], [timed["cpus"]]
 
 
-def _walk_forward(one: tuple[np.ndarray, float, list[int] | None], windows: dict, cfg: TrainConfig, processes: int, folder: Path,
+def _walk_forward(one: tuple, windows: dict, cfg: TrainConfig, processes: int, folder: Path,
                   incomplete: dict) -> dict | None:
     """Every walk-forward model trained at once with the model axis split over `processes` JAX processes, against
     `one` (`_walk_forward_one`): the same forecasts (each model's arithmetic is its own), and models per second of
@@ -288,7 +311,7 @@ def _walk_forward(one: tuple[np.ndarray, float, list[int] | None], windows: dict
         incomplete["walk-forward"] = _failure(launched, f"{processes} processes", f"{out.stem}.log")
         return None
     with np.load(out) as z:
-        many = (z["forecasts"], float(z["seconds"]), [int(c) for c in z["cpus"]] if "cpus" in z.files else None)
+        many = (z["forecasts"], float(z["seconds"]), json.loads(str(z["cpus"])))
     found = {"one": one, "many": many}
     models = int((windows["rows"] > 0).sum())
     gap = _gap([one[0]], [many[0]])

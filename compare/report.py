@@ -290,8 +290,8 @@ def print_distributed(found: dict) -> None:
                       f"{many:,.0f}", unit, f"{many / one:.2f}×", row["runtime"].replace("N ", f"{n} "))
     console().print(table)
     if found.get("cpus"):
-        console().print(f"pinned: a launch's process i on the i-th of CPUs {', '.join(map(str, found['cpus']))} (one "
-                        f"process of {n} devices or replicas on all {n}); every one-process run on CPU "
+        console().print(f"pinned: a launch's process i on the i-th of CPUs {', '.join(map(str, found['cpus']))} (a "
+                        f"process of every device or replica on them all); every one-process run on CPU "
                         f"{found['cpus'][-1]}")
     cut = {row["training_rows"] for row in found["engines"].values() if "training_rows" in row}
     if cut:

@@ -232,6 +232,11 @@ class Pool:
                 on_event(engine, event)
         return errors
 
+    def started(self) -> None:
+        """Wait until every live worker has imported its engine: before a timed request, so that no other worker's
+        start-up shares its core."""
+        self.each("started")
+
     def _stop_quiet(self, engines: set[str], heard: dict[str, float]) -> set[str]:
         """Kill the workers among `engines` that have been silent past the limit (the start-up limit until they are
         ready); their requests then end."""

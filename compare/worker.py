@@ -186,7 +186,7 @@ def _native_weights(request: dict, send) -> dict:
     else:
         result = paths.loop(ENGINE).train(model, data, cfg, progress=progress)
         weights, seconds = result.weights, result.train_seconds + (result.compile_seconds or 0.0)  # compiles too
-    save_trained(request["weights"], weights, seconds, cores.cores_in_use())
+    save_trained(request["weights"], weights, seconds, [cores.cores_in_use()])
     return {}
 
 
@@ -340,7 +340,7 @@ def _loss(spec: str):
     return resolve(spec) if ":" in spec else keras.losses.get(spec)
 
 
-HANDLERS = {"init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
+HANDLERS = {"started": lambda request, send: {}, "init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
             "parity": parity, "trajectory": parity_steps.trajectory, "probe": parity_steps.probe, "bench": bench,
             "native_weights": native_weights, "seeds": seeds,
             "walk_forward": walk_forward, "zoo": zoo.train_cells}

@@ -173,10 +173,10 @@ def save_npz(path, **arrays) -> None:
     os.replace(tmp, path)
 
 
-def save_trained(path, weights, seconds: float, cpus: list[int] | None = None) -> None:
+def save_trained(path, weights, seconds: float, cpus: list[list[int] | None] | None = None) -> None:
     """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds; with
-    `cpus`, the cores the process that wrote it computed on (`keras_side.cores.cores_in_use`)."""
-    cores = {} if cpus is None else {"cpus": np.asarray(cpus, np.int64)}
+    `cpus`, the cores each of its processes computed on, one list a process (`keras_side.cores.cores_in_use`)."""
+    cores = {} if cpus is None else {"cpus": np.asarray(json.dumps(cpus))}
     save_npz(path, seconds=seconds, **cores, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
 
 
@@ -186,10 +186,10 @@ def load_trained(path) -> tuple[list[np.ndarray], float]:
         return [z[f"w_{i}"] for i in range(sum(f.startswith("w_") for f in z.files))], float(z["seconds"])
 
 
-def trained_cpus(path) -> list[int] | None:
-    """The cores `save_trained` recorded, or None."""
+def trained_cpus(path) -> list[list[int] | None] | None:
+    """The cores `save_trained` recorded, one list a process, or None."""
     with np.load(path) as z:
-        return [int(c) for c in z["cpus"]] if "cpus" in z.files else None
+        return json.loads(str(z["cpus"])) if "cpus" in z.files else None
 
 
 def exit_reason(code: int) -> str:

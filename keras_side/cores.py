@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 # The cores a launched process computes on, comma-separated ("0,1"): process (rank) i of a launch takes the i-th;
 # a process that runs every device itself (fit under Keras's distribution, MirroredStrategy) takes them all.
 CPUS_VARIABLE = "NATIVE_LOOPS_CPUS"
+SYSFS = Path("/sys/devices/system/cpu")  # where Linux says which logical CPUs share a physical core
 
 
 def timing_cpus() -> list[int] | None:
@@ -28,23 +30,39 @@ def timing_cpus() -> list[int] | None:
         return None
     seen, firsts, siblings = set(), [], []
     for cpu in sorted(os.sched_getaffinity(0)):
-        core = _physical_core(cpu)
+        core = physical_core(cpu)
         (siblings if core in seen else firsts).append(cpu)
         seen.add(core)
     return siblings + firsts
 
 
-def _physical_core(cpu: int):
+def physical_core(cpu: int):
     """(package, core) of a logical CPU, from Linux's sysfs; the CPU itself where it does not say."""
-    topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+    topology = SYSFS / f"cpu{cpu}" / "topology"
     try:
-        return tuple(int(open(f"{topology}/{name}").read()) for name in ("physical_package_id", "core_id"))
+        return tuple(int((topology / name).read_text()) for name in ("physical_package_id", "core_id"))
     except (OSError, ValueError):
         return ("cpu", cpu)
 
 
 def _threads(every_thread: bool) -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")] if every_thread else [0]
+    """This process's threads (Linux: their ids in /proc/self/task), or the calling thread alone (0)."""
+    return [int(t) for t in os.listdir("/proc/self/task")] if every_thread and os.path.isdir("/proc/self/task") \
+        else [0]
+
+
+def _pin_every_thread(cpus) -> dict[int, set[int]]:
+    """Every thread on `cpus`, listed again until no new one appears (a thread started meanwhile by one not yet
+    pinned keeps its maker's cores); the cores each had."""
+    before: dict[int, set[int]] = {}
+    seen: set[int] = set()
+    while new := [t for t in _threads(True) if t not in seen]:
+        seen.update(new)
+        for task in new:
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+                before[task] = os.sched_getaffinity(task)
+                os.sched_setaffinity(task, set(cpus))
+    return before
 
 
 @contextlib.contextmanager
@@ -57,10 +75,11 @@ def on_cpus(cpus: list[int] | None, *, every_thread: bool = False):
         return
     before = {}
     try:
-        for task in _threads(every_thread):
-            with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
-                before[task] = os.sched_getaffinity(task)
-                os.sched_setaffinity(task, set(cpus))
+        if every_thread:
+            before = _pin_every_thread(cpus)
+        else:
+            before[0] = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, set(cpus))
         yield
     finally:
         for task, cores in before.items():
@@ -73,23 +92,20 @@ def cores_in_use() -> list[int] | None:
     if not hasattr(os, "sched_getaffinity"):
         return None
     cores = set()
-    for task in _threads(os.path.isdir("/proc/self/task")):
+    for task in _threads(True):
         with contextlib.suppress(ProcessLookupError):
             cores |= os.sched_getaffinity(task)
     return sorted(cores)
 
 
-def pin_launched(index: int | None = None) -> list[int] | None:
+def pin_launched(index: int | None = None) -> None:
     """Every thread of this launched process, for the rest of its life, on its cores of CPUS_VARIABLE: the
     `index`-th (its process or rank in the launch) or, with None, all of them. Call it first thing: a thread made
-    later keeps its maker's cores. Returns `cores_in_use()`, what the run's output records; nothing is pinned where
-    the variable is unset or the system cannot pin."""
+    later keeps its maker's cores. Nothing is pinned where the variable is unset or the system cannot pin."""
     named = os.environ.get(CPUS_VARIABLE)
-    if named and hasattr(os, "sched_setaffinity"):
-        cpus = [int(c) for c in named.split(",")]
-        if index is not None and not 0 <= index < len(cpus):
-            raise ValueError(f"{CPUS_VARIABLE}={named} names no core for process {index}: name one a process")
-        for task in _threads(True):
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(task, cpus if index is None else cpus[index:index + 1])
-    return cores_in_use()
+    if not named or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = [int(c) for c in named.split(",")]
+    if index is not None and not 0 <= index < len(cpus):
+        raise ValueError(f"{CPUS_VARIABLE}={named} names no core for process {index}: name one a process")
+    _pin_every_thread(cpus if index is None else cpus[index:index + 1])

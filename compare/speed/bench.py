@@ -122,6 +122,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
     cpu = usable[-1:] if usable else None
     with contextlib.ExitStack() as own:
         pool = pool or own.enter_context(runner.Pool(engines, folder, jobs=1))
+        pool.started()  # no worker's start-up shares a timed core
         request = {"data": str(data_file), "config": cfg.to_dict(), "repeats": repeats, "stages": not model,
                    "cpus": cpu}
         if model:

@@ -159,6 +159,7 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
     usable = cores.timing_cpus()
     env = {"XLA_FLAGS": host_devices_flag(max(counts))}
     with runner.Pool(list(engines), folder, jobs=1, env=env) as pool:
+        pool.started()  # no worker's start-up shares a timed core
         request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
                    "fit_models": picks, "cpus": usable}
         pool.each("walk_forward", lambda e: request,

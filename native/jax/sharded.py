@@ -109,14 +109,15 @@ def _process(args) -> int:
     """One process of a `--processes N` run: join the others, train, and (process 0) write the weights. A failure
     ends the process at once, with its traceback: `jax.distributed`'s shutdown would wait for the others first."""
     try:
-        return _work(args, cores.pin_launched(args.process_id))  # its own core, where the launcher names them
+        cores.pin_launched(args.process_id)  # its own core, where the launcher names them
+        return _work(args)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
 
 
-def _work(args, cpus: list[int] | None) -> int:
+def _work(args) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built
     from keras_side.spec import resolve
@@ -132,8 +133,9 @@ def _work(args, cpus: list[int] | None) -> int:
         with np.load(args.data) as z:
             windows = dict(z)
         pred, seconds, _ = many.forecasts(models.har, windows, cfg, jax.devices())
+        cpus = _every_process_cores()
         if jax.process_index() == 0:
-            save_npz(args.out, seconds=seconds, forecasts=pred, **({} if cpus is None else {"cpus": cpus}))
+            save_npz(args.out, seconds=seconds, forecasts=pred, cpus=json.dumps(cpus))
         jax.distributed.shutdown()
         return 0
     data = HarData.load(Path(args.data))
@@ -142,10 +144,21 @@ def _work(args, cpus: list[int] | None) -> int:
     start = time.perf_counter()
     weights = train(model, data, cfg, on_step=_progress(args.progress) if args.progress else None)
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
+    cpus = _every_process_cores()
     if jax.process_index() == 0:
         save_trained(args.out, weights, seconds, cpus)
     jax.distributed.shutdown()
     return 0
+
+
+def _every_process_cores() -> list[list[int]]:
+    """The cores each process's threads may use now, one list a process, gathered from every process (a collective:
+    each calls it). As a mask of Linux's 1,024 possible CPUs, the same shape in every process."""
+    from jax.experimental import multihost_utils
+
+    mask = np.zeros(1024, np.uint8)
+    mask[cores.cores_in_use() or []] = 1
+    return [np.flatnonzero(row).tolist() for row in np.asarray(multihost_utils.process_allgather(mask))]
 
 
 def _progress(path: str):
@@ -176,7 +189,7 @@ def _fit(args) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 
-    cpus = cores.pin_launched()  # every core the launcher names: this one process runs every device
+    cores.pin_launched()  # every core the launcher names: this one process runs every device
     if args.devices is not None and len(jax.devices()) != args.devices:
         raise SystemExit(f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "
                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
@@ -187,7 +200,7 @@ def _fit(args) -> int:
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = fit_train(resolve(args.build), data, cfg)
-    save_trained(args.out, weights, time.perf_counter() - start, cpus)
+    save_trained(args.out, weights, time.perf_counter() - start, [cores.cores_in_use()])
     return 0
 
 

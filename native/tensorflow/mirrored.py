@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
-    cpus = cores.pin_launched()  # every core the launcher names: its replicas' threads share them
+    cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up
-    save_trained(args.out, weights, seconds, cpus)
+    save_trained(args.out, weights, seconds, [cores.cores_in_use()])
     return 0
 
 

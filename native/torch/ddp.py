@@ -35,7 +35,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path
@@ -49,6 +48,7 @@ from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
+from native.torch.launch import torchrun_command
 from native.torch.loop import _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
@@ -138,11 +138,9 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `processes` ranks on this host with torchrun (a free port: `--standalone`) and wait for them; torchrun
     stops every rank when one fails."""
-    torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "KERAS_BACKEND": "torch", **(env or {})}
-    return subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", str(processes), "-m", "native.torch.ddp",
-                           "--data", str(data), "--config", json.dumps(config), "--build", build, "--out", str(out)],
-                          env=env, capture_output=True, text=True)
+    return subprocess.run(torchrun_command(processes, "--data", str(data), "--config", json.dumps(config), "--build",
+                                           build, "--out", str(out)), env=env, capture_output=True, text=True)
 
 
 def main(argv=None) -> int:
@@ -154,7 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
     parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
     args = parser.parse_args(argv)
-    cpus = cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
+    cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built
     from keras_side.spec import resolve
@@ -171,6 +169,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         weights = train(model, data, cfg)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
+        cpus = [None] * dist.get_world_size()
+        dist.all_gather_object(cpus, cores.cores_in_use())  # the cores each rank computed on
         if dist.get_rank() == 0:
             save_trained(args.out, weights, seconds, cpus)
     finally:

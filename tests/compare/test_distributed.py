@@ -29,15 +29,16 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["distributed.json"]  # no scratch left
     printed = capsys.readouterr().out
     assert "data_parallel/torch" in printed
-    # pinned (Linux, 2 cores or more): each process of a launch on its own core, the first process on the first (a
-    # run of 2 devices in one process: on both), every one-process run on the last
+    # pinned (Linux, 2 cores or more): process i of a launch on the i-th core, each recorded by itself after its
+    # training (a run of 2 devices in one process: on both), every one-process run on the last
     usable = cores.timing_cpus() or []
     if len(usable) >= 2:
         pair = usable[-2:]
         assert report["cpus"] == pair and "pinned: a launch's process i on the i-th of CPUs" in printed
         for name, row in report["engines"].items():
             one_process = name in ("tensorflow", "keras-jax", "keras-tensorflow")
-            assert row["cpus"] == {"one": pair[-1:], "many": sorted(pair) if one_process else pair[:1]}, name
+            assert row["cpus"] == {"one": [pair[-1:]], "many": [sorted(pair)] if one_process else [[c] for c in pair]}
+        assert "not on" not in printed  # no run off its cores
     else:
         assert report["cpus"] is None and "not pinned" in printed
 
@@ -227,6 +228,36 @@ def test_a_jax_launch_computes_on_one_thread_a_process_as_the_worker_does(tmp_pa
     flags = seen["env"]["XLA_FLAGS"].split()
     assert set(runner.XLA_ONE_THREAD.split()) <= set(flags)
     assert ("--xla_force_host_platform_device_count=2" in flags) is fit
+
+
+@pytest.mark.parametrize("cpus", [[3, 5], None])
+def test_a_launch_names_its_cores_or_none(tmp_path, monkeypatch, cpus):
+    """Each launch names its processes' cores (`launch_cpus`) to `cores.pin_launched`; where nothing is pinned it names
+    none, a variable of the caller's included, so that no run is pinned that the report says is not."""
+    from compare import distributed
+
+    seen = {}
+    monkeypatch.setenv(cores.CPUS_VARIABLE, "7")
+    monkeypatch.setattr(distributed, "launch_cpus", lambda processes: cpus)
+    monkeypatch.setattr(distributed, "_run", lambda command, env, log: seen.update(env=env))
+    for engine, fit in [("torch", False), ("jax", False), ("jax", True), ("tensorflow", False), ("tensorflow", True)]:
+        distributed._launch(engine, 2, tmp_path / "d.npz", tmp_path / "o.npz", {}, "keras_side.models:har", fit=fit)
+        assert seen["env"].get(cores.CPUS_VARIABLE) == ("3,5" if cpus else None), (engine, fit)
+
+
+def test_a_run_off_its_cores_is_noted():
+    """What each run recorded against what it was given: process i of a launch on the i-th core, a process of every
+    device on all, the one-process run on the last; a run elsewhere (a cpuset, an OpenMP runtime rebinding its
+    threads) is named, since its throughput is then not one core against one a process."""
+    from compare import distributed
+
+    given = {"check": "data_parallel/torch", "cpus": {"one": [[1]], "many": [[0], [1]]}}
+    one_process = {"check": "data_parallel/keras-jax", "cpus": {"one": [[1]], "many": [[0, 1]]}}
+    assert distributed._off_their_cores({"torch": given, "keras-jax": one_process}, [0, 1]) == []
+    piled = {"check": "data_parallel/jax", "cpus": {"one": [[1]], "many": [[0], [0]]}}  # both ranks on core 0
+    notes = distributed._off_their_cores({"jax": piled}, [0, 1])
+    assert len(notes) == 1 and notes[0].startswith(
+        "data_parallel/jax: its N-process run computed on CPUs [[0], [0]] (a list a process), not [[0], [1]]")
 
 
 class _Nudged:
