@@ -237,9 +237,10 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 
 
 def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
-    """`run(state, orders) -> (state, (train_loss, metric values, (val_loss, val metric values)))`, one value per
-    epoch: every epoch's full batches in one `lax.scan`, the short last batch after them. The fused scan driver
-    compiles it; `native.jax.many` compiles it vmapped over seeds."""
+    """`run(state, orders, epochs=None) -> (state, (train_loss, metric values, (val_loss, val metric values)))`, one
+    value per epoch: every epoch's full batches in one `lax.scan`, the short last batch after them. With `epochs` (a
+    traced count), only the first `epochs` of them run, the rest answer zeros: the driver's warm run is this program
+    with none. The fused scan driver compiles it; `native.jax.many` compiles it vmapped over seeds."""
     reset = fresh(metrics)
 
     def epoch(state, order):
@@ -254,16 +255,30 @@ def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
         measured = evaluate(state[0], state[1], *val) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
         return state, (total / order.shape[0], values, measured)
 
-    return lambda state, orders: jax.lax.scan(epoch, state, orders)
+    def some(state, order_on):  # an epoch, or nothing in its place
+        order, on = order_on
+        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(epoch, state, order)[1])
+        return jax.lax.cond(on, epoch, lambda state, order: (state, zeros), state, order)
+
+    def run(state, orders, epochs=None):
+        if epochs is None:
+            return jax.lax.scan(epoch, state, orders)
+        return jax.lax.scan(some, state, (orders, jnp.arange(orders.shape[0]) < epochs))
+
+    return run
 
 
 def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
+    """Every epoch in one compiled call. Its compile time counts the program's first run, with no epoch in it: XLA's
+    CPU runtime spends ~0.7 ms the first time it runs a program, whatever the program does (measured the same for 72
+    and 7,200 steps), a third of the HAR's whole fused training, which is set-up, not training (docs/speed.md)."""
     orders = jnp.asarray(orders)
     start = time.perf_counter()
-    fused = jax.jit(make_fused(step, evaluate, metrics, train_xy, val, cfg)).lower(state, orders).compile()
+    fused = jax.jit(make_fused(step, evaluate, metrics, train_xy, val, cfg)).lower(state, orders, 0).compile()
+    jax.block_until_ready(fused(state, orders, 0))  # the first run: no epoch, nothing trained
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    state, (train_loss, values, (val_loss, val_values)) = jax.block_until_ready(fused(state, orders))
+    state, (train_loss, values, (val_loss, val_values)) = jax.block_until_ready(fused(state, orders, len(orders)))
     seconds = time.perf_counter() - start
     if progress:
         progress(cfg.epochs, cfg.epochs)

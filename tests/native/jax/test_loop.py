@@ -5,7 +5,7 @@ import numpy as np
 from compare.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.config import take
-from keras_side.spec import TrainConfig, keras_loss
+from keras_side.spec import TrainConfig, keras_loss, keras_metrics
 from keras_side.determinism import seed_everything
 from native.jax import host as jax_host
 from native.jax import loop as jax_loop
@@ -27,6 +27,30 @@ def test_scan_driver_equals_python_loop(har):
     assert sorted(scan.metrics) == sorted(loop.metrics) == ["mae", "val_mae"]
     for name, values in loop.metrics.items():
         np.testing.assert_allclose(scan.metrics[name], values, rtol=1e-5, err_msg=name)
+
+
+def test_the_fused_program_runs_only_the_epochs_it_is_given(har):
+    """The scan driver's first run, inside its compile time, is the program with no epoch in it: the state comes
+    back as it went in, to the bit. Given 2 of 3 epochs, it ends where a 2-epoch program ends, to the bit."""
+    cfg = TrainConfig(epochs=3, metrics=("mae",))
+    seed_everything(0)
+    model = models.har()
+    optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
+    models.ensure_built(model, har.x_train)
+    state = jax_loop.init_state(model, optimizer, metrics)
+    train_xy, val = jax_loop.arrays(har)
+    step = jax_loop.make_step(model, loss_fn, optimizer, metrics)
+    evaluate = jax.jit(jax_loop.make_evaluate(model, loss_fn, metrics))
+    orders = jnp.asarray(np.asarray(jax_loop.batch_orders(cfg, har.n_train)))
+    run = jax.jit(jax_loop.make_fused(step, evaluate, metrics, train_xy, val, cfg))
+    untouched, (losses, _, _) = run(state, orders, 0)
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(untouched), jax.tree.leaves(state)))
+    assert (losses == 0).all()
+    two = jax.jit(jax_loop.make_fused(step, evaluate, metrics, train_xy, val, cfg.replace(epochs=2)))
+    want, (want_losses, _, _) = two(state, orders[:2])
+    got, (got_losses, _, _) = run(state, orders, 2)
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    assert (got_losses[:2] == want_losses).all() and got_losses[2] == 0
 
 
 def test_step_compiles_once_per_batch_shape(har):
