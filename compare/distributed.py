@@ -248,7 +248,8 @@ def _fit_checks(cfg: TrainConfig, engines: list[str], processes: int, folder: Pa
 def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) -> dict:
     """A check: the weights of the launch's `<name>-<processes>.npz` against the worker's one-process run,
     `<name>-worker.npz` (apart, so that a one-process launch does not overwrite it), within DATA_PARALLEL_ATOL, and
-    the throughput of each, and the cores each computed on (the launch's: its first process's)."""
+    the throughput of each, and the cores each process could compute on (its threads' affinity, one list per
+    process)."""
     files = {"one": folder / f"{name}-worker.npz", "many": folder / f"{name}-{processes}.npz"}
     (one, one_seconds), (many, many_seconds) = (load_trained(f) for f in files.values())
     gap = _gap(one, many)
@@ -259,13 +260,14 @@ def _row(name: str, runtime: str, folder: Path, processes: int, samples: int) ->
 
 
 def _off_their_cores(found: dict, cpus: list[int]) -> list[str]:
-    """A note for each check whose runs did not compute on the cores they were given: process i of a launch on the
-    i-th of `cpus`, a process of every device on all of them, the one-process run on the last."""
+    """A note for each check whose runs could compute elsewhere than on the cores they were given (a cpuset, an
+    OpenMP runtime that binds its own threads): process i of a launch on the i-th of `cpus`, a process of every
+    device on all of them, the one-process run on the last."""
     notes = []
     for name, row in found.items():
         given = {"one": [cpus[-1:]], "many": [sorted(cpus)] if name in ONE_PROCESS else [[c] for c in cpus]}
-        notes += [f"{row['check']}: its {RUN_NAMES[run]} run computed on CPUs {row['cpus'][run]} (a list a process), "
-                  f"not {given[run]}: its throughput is not one core a process" for run in given
+        notes += [f"{row['check']}: its {RUN_NAMES[run]} run could compute on CPUs {row['cpus'][run]} (one list per "
+                  f"process), not {given[run]}: its throughput is not one core a process" for run in given
                   if row["cpus"][run] != given[run]]
     return notes
 
@@ -278,7 +280,7 @@ def _walk_config(cfg: TrainConfig) -> dict:
 def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder: Path, incomplete: dict,
                       cpus: list[int] | None = None) -> tuple[np.ndarray, float, list[int] | None] | None:
     """Every walk-forward model trained at once by the JAX worker already running, on its one device (on `cpus`):
-    the reference of the launch over processes, (forecasts, seconds, the cores it computed on); None, and the
+    the reference of the launch over processes, (forecasts, seconds, the cores it could compute on); None, and the
     reason in `incomplete`, when it fails. The launch's spec, as its launcher reads it."""
     if "jax" not in pool.live:  # its worker stopped on an earlier request
         reason = pool.failed.get("jax", "no reason given")

@@ -214,6 +214,11 @@ def print_bench(timings: dict, targets) -> None:
     console().print(f"each path alone on CPU {pinned[0]} (every thread of its worker, or the floor's, pinned there)"
                     if pinned is not None else
                     "each path alone, not pinned to a core (this system cannot): JAX's runtime may use several")
+    for name, row in timings["paths"].items():
+        if row.get("first_run_ms"):
+            console().print(f"{name}: its program's first run, with no epoch in it, took {row['first_run_ms']:.2f} ms, "
+                            "counted in its compile time (XLA's CPU runtime pays about a millisecond the first time it "
+                            "runs a program)")
     if timings.get("torch_stages_us"):
         stages = timings["torch_stages_us"]
         parts = Table("torch eager step", *stages["keras"], "total µs", title="where the torch step's time goes, µs "

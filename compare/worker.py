@@ -211,13 +211,16 @@ def _bench(request: dict, send) -> dict:
     for _ in range(request["repeats"]):
         for name in request["paths"]:
             seed_everything(cfg.seed)
+            first_run = None  # JAX's fused scan: its program's first run, in its compile time
             if name in floors.FLOORS:  # the same step without Keras, from the Keras model's own first weights
                 weights = _model(request, data).get_weights()
                 seconds, compile_seconds = floors.FLOORS[name][1](data, cfg, weights, request.get("model", "har"))
             else:
                 result = paths.get(name).train(_model(request, data), data, cfg)
-                seconds, compile_seconds = result.train_seconds, result.compile_seconds
-            send(event="timing", path=name, seconds=seconds, compile_seconds=compile_seconds)
+                seconds, compile_seconds, first_run = result.train_seconds, result.compile_seconds, \
+                    result.first_run_seconds
+            send(event="timing", path=name, seconds=seconds, compile_seconds=compile_seconds,
+                 first_run_seconds=first_run)
     if request.get("stages") and ENGINE == "torch":  # where the eager step's time goes
         seed_everything(cfg.seed)
         send(event="stages", stages=floors.torch_stages(_model(request, data), data, cfg))
@@ -340,9 +343,14 @@ def _loss(spec: str):
     return resolve(spec) if ":" in spec else keras.losses.get(spec)
 
 
-HANDLERS = {"started": lambda request, send: {}, "init": initial, "train": train_paths, "gradients": gradients, "cross_predict": cross_predict,
-            "parity": parity, "trajectory": parity_steps.trajectory, "probe": parity_steps.probe, "bench": bench,
-            "native_weights": native_weights, "seeds": seeds,
+def started(request: dict, send) -> dict:
+    """Nothing: answered once the engine is imported (`runner.Pool.started`)."""
+    return {}
+
+
+HANDLERS = {"started": started, "init": initial, "train": train_paths, "gradients": gradients,
+            "cross_predict": cross_predict, "parity": parity, "trajectory": parity_steps.trajectory,
+            "probe": parity_steps.probe, "bench": bench, "native_weights": native_weights, "seeds": seeds,
             "walk_forward": walk_forward, "zoo": zoo.train_cells}
 
 

@@ -175,7 +175,7 @@ def save_npz(path, **arrays) -> None:
 
 def save_trained(path, weights, seconds: float, cpus: list[list[int] | None] | None = None) -> None:
     """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds; with
-    `cpus`, the cores each of its processes computed on, one list a process (`keras_side.cores.cores_in_use`)."""
+    `cpus`, the cores each of its processes could compute on, one list per process (`keras_side.cores.cores_in_use`)."""
     cores = {} if cpus is None else {"cpus": np.asarray(json.dumps(cpus))}
     save_npz(path, seconds=seconds, **cores, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
 
@@ -245,10 +245,12 @@ class Result:
     metrics: dict[str, list[float]] = field(default_factory=dict)
     units: str = "as computed"
     test_loss: float | None = None
+    first_run_seconds: float | None = None  # JAX's fused scan: its program's first run, in compile_seconds
 
     @classmethod
     def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
-                      test_pred, seconds: float, compile_seconds: float | None = None, metrics=None) -> Result:
+                      test_pred, seconds: float, compile_seconds: float | None = None, metrics=None,
+                      first_run_seconds: float | None = None) -> Result:
         """Assemble a result from what a loop measured, losses given in standardized units."""
         to_original, units = loss_units(cfg, data)
         return cls(
@@ -263,6 +265,7 @@ class Result:
             seed=cfg.seed,
             metrics={name: [float(v) for v in values] for name, values in (metrics or {}).items()},
             units=units,
+            first_run_seconds=first_run_seconds,
         )
 
     def save(self, folder: Path) -> None:

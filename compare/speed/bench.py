@@ -110,10 +110,12 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         if event.get("event") == "stages":
             stages.update(event["stages"])
         if event.get("event") == "timing":
-            entry = timings.setdefault(event["path"], {"seconds": [], "compile": []})
+            entry = timings.setdefault(event["path"], {"seconds": [], "compile": [], "first_run": []})
             entry["seconds"].append(event["seconds"])
             if event.get("compile_seconds") is not None:
                 entry["compile"].append(event["compile_seconds"])
+            if event.get("first_run_seconds") is not None:
+                entry["first_run"].append(event["first_run_seconds"])
             on_timing(engine, event["path"])
         if event.get("event") == "done":  # the cores its threads ran on
             cpus[engine] = event["cpus"]
@@ -138,7 +140,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
         for _ in range(repeats):
             floor.append(numpy_adam(data, cfg))
             on_timing("numpy", "numpy-floor")
-    timings["numpy-floor"] = {"seconds": floor, "compile": []}
+    timings["numpy-floor"] = {"seconds": floor, "compile": [], "first_run": []}
     return {"paths": _summary(timings, steps), "steps": steps, "repeats": repeats, "incomplete": failed,
             "torch_stages_us": stages or None, "machine": machine(), "cpus": cpus | {"numpy": cpu}}
 
@@ -153,6 +155,7 @@ def _summary(timings: dict, steps: int) -> dict:
             "median_ms": medians[name] * 1e3,
             "min_ms": min(t["seconds"]) * 1e3,
             "compile_ms": statistics.median(t["compile"]) * 1e3 if t["compile"] else None,
+            "first_run_ms": statistics.median(t["first_run"]) * 1e3 if t["first_run"] else None,  # in compile_ms
             "us_per_step": medians[name] * 1e6 / steps,
             "ratio_vs_fit": medians[fit] / medians[name] if fit in medians else None,
             "ratio_vs_numpy": medians["numpy-floor"] / medians[name] if "numpy-floor" in medians else None,
@@ -175,7 +178,10 @@ def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
         if row is None:
             continue
         value = row["ratio_vs_fit" if against == "fit" else "ratio_vs_numpy"]
-        rows.append((f"{path} vs {against}", value, goal, value is not None and value >= goal))
+        said = ""
+        if value is not None and row["first_run_ms"]:  # what it would be with the program's first run counted
+            said = f" ({value * row['median_ms'] / (row['median_ms'] + row['first_run_ms']):.1f}× with its first run)"
+        rows.append((f"{path} vs {against}{said}", value, goal, value is not None and value >= goal))
     for name, goal in WALK_FORWARD_TARGETS:
         row = report.get("walk_forward", {}).get(name)
         if row is not None:

@@ -160,7 +160,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     path = "jax-native-scan" if driver == "scan" else "jax-native"
     history = _history(metrics, curves, cfg.validate)
     return Result.from_training(path, "jax", model.get_weights(), data, cfg, curves["loss"], curves["val_loss"],
-                                predict(model, data.x_test), seconds, compile_seconds, metrics=history)
+                                predict(model, data.x_test), seconds, compile_seconds, metrics=history,
+                                first_run_seconds=curves.get("first_run_seconds"))
 
 
 def _history(metrics, curves: dict, validate: bool) -> dict[str, list[float]]:
@@ -239,8 +240,9 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
     """`run(state, orders, epochs=None) -> (state, (train_loss, metric values, (val_loss, val metric values)))`, one
     value per epoch: every epoch's full batches in one `lax.scan`, the short last batch after them. With `epochs` (a
-    traced count), only the first `epochs` of them run, the rest answer zeros: the driver's warm run is this program
-    with none. The fused scan driver compiles it; `native.jax.many` compiles it vmapped over seeds."""
+    traced count, the same for every model under a vmap: batched, the `lax.cond` would run every epoch), only the
+    first `epochs` of them run, the rest answer zeros: the driver's first run is this program with none. The fused
+    scan driver compiles it; `native.jax.many` compiles it vmapped over seeds."""
     reset = fresh(metrics)
 
     def epoch(state, order):
@@ -269,14 +271,16 @@ def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
 
 
 def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, progress):
-    """Every epoch in one compiled call. Its compile time counts the program's first run, with no epoch in it: XLA's
-    CPU runtime spends ~0.7 ms the first time it runs a program, whatever the program does (measured the same for 72
-    and 7,200 steps), a third of the HAR's whole fused training, which is set-up, not training (docs/speed.md)."""
+    """Every epoch in one compiled call, timed after the program's first run, which trains nothing (no epoch in it)
+    and counts in the compile time, its own seconds in `curves["first_run_seconds"]`: XLA's CPU runtime spends about
+    a millisecond the first time it runs a program, whatever the program does, as much as the HAR's whole fused
+    training takes (docs/speed.md, "A program's first run")."""
     orders = jnp.asarray(orders)
     start = time.perf_counter()
     fused = jax.jit(make_fused(step, evaluate, metrics, train_xy, val, cfg)).lower(state, orders, 0).compile()
+    compiled = time.perf_counter()
     jax.block_until_ready(fused(state, orders, 0))  # the first run: no epoch, nothing trained
-    compile_seconds = time.perf_counter() - start
+    compile_seconds, first_run_seconds = time.perf_counter() - start, time.perf_counter() - compiled
     start = time.perf_counter()
     state, (train_loss, values, (val_loss, val_values)) = jax.block_until_ready(fused(state, orders, len(orders)))
     seconds = time.perf_counter() - start
@@ -284,7 +288,8 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
         progress(cfg.epochs, cfg.epochs)
     per_epoch = lambda columns: [[c[e] for c in columns] for e in range(cfg.epochs)]  # noqa: E731
     curves = {"loss": [float(v) for v in train_loss], "metrics": per_epoch(values),
-              "val_loss": [float(v) for v in val_loss] if cfg.validate else [], "val_metrics": per_epoch(val_values)}
+              "val_loss": [float(v) for v in val_loss] if cfg.validate else [], "val_metrics": per_epoch(val_values),
+              "first_run_seconds": first_run_seconds}
     return state, curves, compile_seconds, seconds
 
 

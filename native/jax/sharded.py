@@ -151,14 +151,19 @@ def _work(args) -> int:
     return 0
 
 
-def _every_process_cores() -> list[list[int]]:
-    """The cores each process's threads may use now, one list a process, gathered from every process (a collective:
-    each calls it). As a mask of Linux's 1,024 possible CPUs, the same shape in every process."""
+def _every_process_cores() -> list[list[int]] | None:
+    """The cores each process's threads may use now, one list per process, gathered from every process (collectives:
+    each calls them); None where the system does not say (in every process alike). Padded with -1 to the longest
+    list, as a gather takes one shape from every process."""
     from jax.experimental import multihost_utils
 
-    mask = np.zeros(1024, np.uint8)
-    mask[cores.cores_in_use() or []] = 1
-    return [np.flatnonzero(row).tolist() for row in np.asarray(multihost_utils.process_allgather(mask))]
+    mine = cores.cores_in_use()
+    if mine is None:
+        return None
+    longest = int(np.max(multihost_utils.process_allgather(np.array([len(mine)], np.int32))))
+    padded = np.full(longest, -1, np.int32)
+    padded[:len(mine)] = mine
+    return [[int(c) for c in row if c >= 0] for row in np.asarray(multihost_utils.process_allgather(padded))]
 
 
 def _progress(path: str):

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         weights = train(model, data, cfg)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
         cpus = [None] * dist.get_world_size()
-        dist.all_gather_object(cpus, cores.cores_in_use())  # the cores each rank computed on
+        dist.all_gather_object(cpus, cores.cores_in_use())  # the cores each rank could compute on
         if dist.get_rank() == 0:
             save_trained(args.out, weights, seconds, cpus)
     finally:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,17 @@ def test_the_last_n_timing_cores_are_on_n_physical_cores(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not CAN_PIN, reason="this system cannot pin a thread to a core (macOS)")
 def test_every_thread_goes_back_to_its_cores_after_the_block():
-    before = cores.cores_in_use()
-    with cores.on_cpus(before[-1:], every_thread=True):
-        assert cores.cores_in_use() == before[-1:]
-    assert cores.cores_in_use() == before
+    """Each thread of the process on the block's core inside it, each on its own cores again after it, a thread that
+    was running before the block included; a thread started inside keeps the block's core (Linux's inheritance)."""
+    release = threading.Event()
+    before_block = threading.Thread(target=release.wait, daemon=True)
+    before_block.start()
+    had = {t: os.sched_getaffinity(t) for t in cores._threads(True)}
+    last = sorted(os.sched_getaffinity(0))[-1:]
+    with cores.on_cpus(last, every_thread=True):
+        assert all(os.sched_getaffinity(t) == set(last) for t in had)
+        inside = threading.Thread(target=release.wait, daemon=True)
+        inside.start()
+    assert {t: os.sched_getaffinity(t) for t in had} == had
+    assert os.sched_getaffinity(inside.native_id) == set(last)
+    release.set()

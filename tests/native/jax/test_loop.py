@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from compare.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
@@ -29,10 +30,12 @@ def test_scan_driver_equals_python_loop(har):
         np.testing.assert_allclose(scan.metrics[name], values, rtol=1e-5, err_msg=name)
 
 
-def test_the_fused_program_runs_only_the_epochs_it_is_given(har):
+@pytest.mark.parametrize("validate", [True, False])
+def test_the_fused_program_runs_only_the_epochs_it_is_given(har, validate):
     """The scan driver's first run, inside its compile time, is the program with no epoch in it: the state comes
-    back as it went in, to the bit. Given 2 of 3 epochs, it ends where a 2-epoch program ends, to the bit."""
-    cfg = TrainConfig(epochs=3, metrics=("mae",))
+    back as it went in, to the bit. Given 2 of 3 epochs, it ends where a 2-epoch program ends, to the bit; with
+    validation or without (NaN in its place)."""
+    cfg = TrainConfig(epochs=3, metrics=("mae",), validate=validate)
     seed_everything(0)
     model = models.har()
     optimizer, loss_fn, metrics = optim.build(cfg), keras_loss(cfg), keras_metrics(cfg)
@@ -51,6 +54,27 @@ def test_the_fused_program_runs_only_the_epochs_it_is_given(har):
     got, (got_losses, _, _) = run(state, orders, 2)
     assert all((a == b).all() for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
     assert (got_losses[:2] == want_losses).all() and got_losses[2] == 0
+
+
+def test_the_scan_driver_times_training_after_a_first_run_that_trains_nothing(har, monkeypatch):
+    """The driver runs its program twice: first with no epoch (its seconds apart, inside the compile time), then
+    with every epoch, the one it times."""
+    asked = []
+    make_fused = jax_loop.make_fused
+
+    def spy(*args):
+        run = make_fused(*args)
+
+        def counted(state, orders, epochs=None):
+            asked.append(epochs)
+            return run(state, orders, epochs)
+        return counted
+
+    monkeypatch.setattr(jax_loop, "make_fused", spy)
+    seed_everything(0)
+    result = jax_loop.train(models.har(), har, TrainConfig(epochs=2), driver="scan")
+    assert len(asked) == 1 and asked[0] is not None  # traced once, the epoch count an argument of the program
+    assert 0 < result.first_run_seconds < result.compile_seconds and result.train_seconds > 0
 
 
 def test_step_compiles_once_per_batch_shape(har):

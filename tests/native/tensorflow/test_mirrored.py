@@ -22,11 +22,11 @@ SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) splits
 CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
 
 
-def mirrored_run(data, tmp_path, build, *extra) -> list[np.ndarray]:
+def mirrored_run(data, tmp_path, build, *extra, config: dict = SPEC) -> list[np.ndarray]:
     data.save(tmp_path / "data.npz")
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", "2", "--data",
-                           str(tmp_path / "data.npz"), "--config", json.dumps(SPEC), "--build", build, "--out",
+                           str(tmp_path / "data.npz"), "--config", json.dumps(config), "--build", build, "--out",
                            str(tmp_path / "weights.npz"), *extra], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return load_trained(tmp_path / "weights.npz")[0]
@@ -42,6 +42,20 @@ def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
+def test_two_outputs_on_two_replicas_end_where_one_process_ends(panel, tmp_path):
+    """Several targets (each output's per-sample loss, weighted as `compile` weighs them) through the launched
+    process: the data file's two targets, the spec's two losses."""
+    from compare import data as har_data
+    from keras_side.zoo import ZOO
+
+    entry = ZOO["two_horizons"]
+    data = har_data.prepare_kind(panel, entry.data)
+    spec = {k: v for k, v in entry.spec.items() if k != "metrics"}
+    parallel = mirrored_run(data, tmp_path, entry.build, config=SPEC | spec)
+    seed_everything(0)
+    assert gap(loop.train(resolve(entry.build)(), data, CFG.replace(**spec)).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
 def test_the_replicas_summed_gradient_is_the_global_batchs_penalties_included(har):

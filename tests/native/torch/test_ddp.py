@@ -40,21 +40,30 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
-def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(har):
+@pytest.mark.parametrize("name", ["mlp_l2", "two_horizons"])
+def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(panel, name):
     """What DDP computes, in one process: each rank's `shard_loss` on an uneven split (3 rows over 2 ranks: 2 and 1),
     its gradient, averaged over the ranks. It equals the gradient of the whole batch's loss on `mlp_l2`: the kernel
     penalty counted once, the activity penalty (in Keras a mean over the rows its layer sees) the batch's mean. A
-    penalty left out of the share would weigh the two ranks' activity means equally (fails: checked)."""
+    penalty left out of the share would weigh the two ranks' activity means equally (fails: checked). And on a model
+    with two outputs, each output's loss weighted as `compile` weighs them (its two targets a tuple)."""
+    from compare import data as har_data
+    from keras_side.zoo import ZOO
+
+    entry = ZOO[name]
+    data = har_data.prepare_kind(panel, entry.data)
     seed_everything(0)
-    model = resolve("keras_side.models:mlp_l2")()
-    loss_fn = torch_loop.spec_loss(TrainConfig(), same_rank=True)
+    model = resolve(entry.build)()
+    loss_fn = torch_loop.spec_loss(TrainConfig(**{k: v for k, v in entry.spec.items() if k != "metrics"}),
+                                   same_rank=True)
     params = [p for p in model.parameters() if p.requires_grad]
     rows, world = np.array([10, 500, 1200]), 2
-    x, y = (torch_loop._tensors(take(a, rows), None) for a in (har.x_train, har.y_train))
+    x, y = (torch_loop._tensors(take(a, rows), None) for a in (data.x_train, data.y_train))
     averaged = [torch.zeros_like(p) for p in params]
     for rank in range(world):
         mine = shard(slice(0, len(rows)), rank, world)
-        loss = ddp.shard_loss(model, model, loss_fn, x[mine], y[mine], share=(mine.stop - mine.start) * world / 3)
+        loss = ddp.shard_loss(model, model, loss_fn, take(x, mine), take(y, mine),
+                              share=(mine.stop - mine.start) * world / 3)
         averaged = [a + g / world for a, g in zip(averaged, torch.autograd.grad(loss, params), strict=True)]
     whole, _ = torch_loop.total_loss(model, loss_fn, keras_inputs(x), keras_inputs(y), training=True)
     for a, w in zip(averaged, torch.autograd.grad(whole, params), strict=True):
