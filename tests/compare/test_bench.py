@@ -20,6 +20,10 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel
     for row in report["paths"].values():
         assert row["median_ms"] > 0 and 0 < row["min_ms"] <= row["median_ms"] and row["ratio_vs_numpy"] > 0
     assert report["paths"]["jax-native-scan"]["compile_ms"] > 0 and report["paths"]["keras-jax"]["ratio_vs_fit"] == 1
+    # the fused scan's first run, which trains nothing, in its compile time and apart: no other path has one
+    scan = report["paths"]["jax-native-scan"]
+    assert 0 < scan["first_run_ms"] < scan["compile_ms"]
+    assert [p for p, row in report["paths"].items() if row["first_run_ms"]] == ["jax-native-scan"]
     assert report["paths"]["torch-native-compile"]["compile_ms"] > 0
     # each path's floor, the same step without Keras, and how many times it costs
     assert report["paths"]["jax-native-scan"]["floor"] == "jax-raw-scan"
@@ -50,6 +54,8 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel
     printed = capsys.readouterr().out
     assert f"each path alone on CPU {cpu} (every thread of its worker" in printed or cpu is None
     assert "jax-native-scan vs fit" in printed and "conv1d: torch-native vs fit (its floor, torch-raw: " in printed
+    assert "jax-native-scan: its program's first run, with no epoch in it, took" in printed
+    assert re.search(r"jax-native-scan vs numpy \([\d.]+× with its first run\)", printed)
     assert "conv1d: torch-native-compile vs fit" in printed and zoo["paths"]["torch-native-compile"]["compile_ms"] > 0
     assert "the zoo: the same model through fit and by hand" in printed and "floor × fit" in printed
     # progress while it runs: a bar per engine counting its timed runs (paths × repeats), the floor, the walk-forward;
