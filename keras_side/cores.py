@@ -45,10 +45,10 @@ def physical_core(cpu: int):
         return ("cpu", cpu)
 
 
-def _threads(every_thread: bool) -> list[int]:
-    """This process's threads (Linux: their ids in /proc/self/task), or the calling thread alone (0)."""
-    return [int(t) for t in os.listdir("/proc/self/task")] if every_thread and os.path.isdir("/proc/self/task") \
-        else [0]
+def _threads() -> list[int]:
+    """This process's threads (Linux: their ids in /proc/self/task), or the calling thread alone (0) where /proc
+    does not say."""
+    return [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
 
 
 def _pin_every_thread(cpus) -> dict[int, set[int]]:
@@ -56,7 +56,7 @@ def _pin_every_thread(cpus) -> dict[int, set[int]]:
     pinned keeps its maker's cores); the cores each had."""
     before: dict[int, set[int]] = {}
     seen: set[int] = set()
-    while new := [t for t in _threads(True) if t not in seen]:
+    while new := [t for t in _threads() if t not in seen]:
         seen.update(new)
         for task in new:
             with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
@@ -92,7 +92,7 @@ def cores_in_use() -> list[int] | None:
     if not hasattr(os, "sched_getaffinity"):
         return None
     cores = set()
-    for task in _threads(True):
+    for task in _threads():
         with contextlib.suppress(ProcessLookupError):
             cores |= os.sched_getaffinity(task)
     return sorted(cores)

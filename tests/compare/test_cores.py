@@ -84,7 +84,7 @@ def test_every_thread_goes_back_to_its_cores_after_the_block():
     release = threading.Event()
     before_block = threading.Thread(target=release.wait, daemon=True)
     before_block.start()
-    had = {t: os.sched_getaffinity(t) for t in cores._threads(True)}
+    had = {t: os.sched_getaffinity(t) for t in cores._threads()}
     last = sorted(os.sched_getaffinity(0))[-1:]
     with cores.on_cpus(last, every_thread=True):
         assert all(os.sched_getaffinity(t) == set(last) for t in had)
