@@ -287,11 +287,19 @@ def _closed_streams_to_devnull() -> None:
         try:
             os.fstat(fd)
         except OSError:  # closed: os.devnull there (not at the lowest free descriptor: stdin may be closed too)
-            null = os.open(os.devnull, os.O_WRONLY)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
+            _devnull_onto(fd)
         setattr(sys, name, open(fd, "w", closefd=False))
+
+
+def _devnull_onto(fd: int) -> None:
+    """Descriptor `fd` made os.devnull, open or closed before."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    if null == fd:  # fd was closed and the lowest free descriptor
+        return
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class StdoutFailed(Exception):
@@ -349,11 +357,7 @@ def _discard(stream) -> None:
         fd = stream.fileno()
     except (OSError, ValueError):
         return
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, fd)
-    finally:
-        os.close(null)
+    _devnull_onto(fd)
 
 
 def _command(argv: list[str] | None) -> int:
