@@ -313,7 +313,8 @@ def _walk_forward(one: tuple, windows: dict, cfg: TrainConfig, processes: int, f
         incomplete["walk-forward"] = _failure(launched, f"{processes} processes", f"{out.stem}.log")
         return None
     with np.load(out) as z:
-        many = (z["forecasts"], float(z["seconds"]), json.loads(str(z["cpus"])))
+        forecasts, seconds = z["forecasts"], float(z["seconds"])
+    many = (forecasts, seconds, trained_cpus(out))
     found = {"one": one, "many": many}
     models = int((windows["rows"] > 0).sum())
     gap = _gap([one[0]], [many[0]])
