@@ -40,6 +40,8 @@ PARITY_RTOL = 1e-4  # float32 through a few layers and a recurrence: ~1e-6 relat
 PARITY_ATOL = 1e-6  # elements whose true gradient is ~0 (a ReLU at its kink, a zero-padded position)
 VMAP_VS_ALONE_ATOL = 1e-6  # a vmapped model against the same trainer run alone: batched float32 matmuls
 SHARDED_ATOL = 1e-7  # models sharded over devices against one device: the same per-model arithmetic
+CONV_AS_MATMUL_RTOL = 1e-6  # native.jax.convolution against XLA's convolution, relative to the largest output or
+# gradient: the same float32 products summed in another order, a few ulps of the sums (measured 2e-7)
 FLOOR_VS_LOOP_ATOL = 1e-6  # the bench floors (no Keras) against the native loop, 3 epochs: the same ops, measured
 # equal to the bit on every model here; the margin is for another machine's kernels
 # Walk-forward forecasts of 40-epoch Adam fits against OLS forecasts, per asset: measured within 0.21% (JAX) and

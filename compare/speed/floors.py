@@ -8,7 +8,8 @@ the same shapes, weights, batches and Keras-exact optimizer, so every path's tim
 
 Written for the HAR and the two sequence models of the zoo (`RAW`): `Dense(1)` is `x @ w + b`; the LSTM is
 torch's own LSTM op (ATen's cell, as the torch loop runs it) and a `lax.scan` over the days in JAX; the Conv1D is
-each engine's own convolution. Each starts from the Keras model's own weights and ends where the native loop ends
+torch's own convolution and, in JAX, the matmul over the input's patches that the JAX loop runs in place of XLA's
+CPU convolution. Each starts from the Keras model's own weights and ends where the native loop ends
 (tested). `torch_stages` times the torch loop's step stage by stage (the batch's rows, the forward, the loss, the
 backward, the optimizer), with the Keras model and with raw tensors: where the eager step's time goes. Measured only
 by the bench (this module imports its engine when called), never asserted by a test.
@@ -55,6 +56,8 @@ def _jax_forward(model: str):
     import jax
     import jax.numpy as jnp
 
+    from native.jax import convolution
+
     def lstm(p, x):  # Keras's LSTMCell, one day a step of a lax.scan: the gates in Keras's order (i, f, c, o)
         kernel, recurrent, bias, w, b = p
 
@@ -68,9 +71,9 @@ def _jax_forward(model: str):
         (h, _), _ = jax.lax.scan(day, (zeros, zeros), jnp.swapaxes(x, 0, 1))
         return h @ w + b
 
-    def conv1d(p, x):
+    def conv1d(p, x):  # as the JAX loop computes it: a matmul over the patches (native.jax.convolution)
         kernel, bias, w, b = p
-        h = jax.lax.conv_general_dilated(x, kernel, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+        h = convolution.conv1d_as_matmul(x, kernel, 1, "valid", 1)
         return jnp.mean(jax.nn.relu(h + bias), axis=1) @ w + b
 
     return {"har": _dense, "lstm": lstm, "conv1d": conv1d}[model]

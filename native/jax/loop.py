@@ -9,8 +9,10 @@ plus the losses the model adds (`return_losses=True`: regularizers, `add_loss`).
 (`native.jax.optim`: Keras-exact by default). Batches come as `fit` cuts them: full batches, then the short last
 one as it is, so no padded row ever reaches a layer (BatchNorm's batch statistics would see it); the step
 compiles once per batch shape, two at most. Two drivers share the step: a readable Python loop (default) and a
-fused `lax.scan` over each epoch's full batches (`driver="scan"`). The trained state is written back into the
-Keras model with `assign`, so `model.predict` and `save_weights` see it.
+fused `lax.scan` over each epoch's full batches (`driver="scan"`). Every call of the model computes a 1-D
+convolution as a matmul over the input's patches, not with XLA's CPU convolution (`native.jax.convolution`: the
+same products in another order, the zoo's Conv1D twice as fast). The trained state is written back into the Keras
+model with `assign`, so `model.predict` and `save_weights` see it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from keras_side.models import ensure_built
 from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_metrics, training_loss
 from native.checkpoint import Checkpoints
 from native.jax import checkpoint as jax_checkpoint
+from native.jax import convolution
 from native.jax import optim
 
 
@@ -36,8 +39,9 @@ def make_loss(model, loss_fn, training: bool):
     `fit` minimizes."""
 
     def compute_loss(trainable, non_trainable, x, y, sample_weight=None):
-        pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
-                                                           training=training, return_losses=True)
+        with convolution.as_matmuls():
+            pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
+                                                               training=training, return_losses=True)
         loss = loss_fn(y, pred, sample_weight=sample_weight)
         return (loss + sum(losses) if losses else loss), (non_trainable, pred)
 
@@ -302,8 +306,9 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     y = keras_inputs(y)  # several targets: a tuple of arrays, one per output
 
     def batch_loss(trainable):
-        pred, _, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training,
-                                               return_losses=True)
+        with convolution.as_matmuls():
+            pred, _, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training,
+                                                   return_losses=True)
         value = jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
         return value + sum(losses) if losses else value
 
@@ -315,5 +320,7 @@ def predict(model, x) -> np.ndarray:
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-    pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)), training=False)
+    with convolution.as_matmuls():
+        pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)),
+                                       training=False)
     return np.asarray(pred)

@@ -1,0 +1,81 @@
+"""Keras's 1-D convolution as the JAX loop computes it on a CPU: one matmul over the input's patches.
+
+    with convolution.as_matmuls():   # what native.jax.loop does around every call of the model
+        pred, _ = model.stateless_call(trainable, non_trainable, x)
+
+XLA's CPU convolution is slow on a small 1-D convolution, forward and for the kernel's gradient: written as a
+matmul over the input's patches, the zoo's `Conv1D(4, 5)` over 22 days trains twice as fast in the fused scan
+(`native-loops bench --models conv1d`: 24.3× `fit`, where XLA's convolution gave 11.6×; docs/speed.md). The patches
+are what a GEMM-based convolution builds ("im2col"): row t holds the `width` input rows that output t reads, each
+channel of each, so output t is that row times the flattened kernel, every filter at once. It is the same products,
+summed in another order: within `CONV_AS_MATMUL_RTOL` of XLA's convolution, gradients too (tested), not its bits.
+
+`as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, which
+`keras.ops.conv` and every convolution layer call) while the block runs: the JAX loop enters it where it calls the
+model, so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one group on a
+CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid" convolution);
+every other convolution goes to Keras's own, unchanged. The swap is process-wide while the block runs: another
+thread calling a convolution then gets it too.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+from keras.src.backend import standardize_data_format, standardize_dtype
+from keras.src.backend.jax import nn as keras_jax_nn
+
+
+def _one(value) -> int | None:
+    """A stride or dilation given for one spatial axis (an int or a sequence of one), else None."""
+    if isinstance(value, int):
+        return value
+    value = tuple(value)
+    return value[0] if len(value) == 1 else None
+
+
+def conv1d_as_matmul(inputs, kernel, strides: int, padding: str, dilation: int):
+    """`jax.lax.conv_general_dilated` of (batch, steps, channels) inputs and a (width, channels, filters) kernel, as
+    Keras's JAX convolution calls it, written as the matmul of the input's patches with the flattened kernel."""
+    width, channels, filters = kernel.shape
+    reach = (width - 1) * dilation + 1  # the input rows one output spans
+    ((low, high),) = jax.lax.padtype_to_pads(inputs.shape[1:2], (reach,), (strides,), padding.upper())
+    x = jnp.pad(inputs, ((0, 0), (low, high), (0, 0)))
+    steps = (x.shape[1] - reach) // strides + 1
+    patches = jnp.concatenate([x[:, k * dilation:k * dilation + (steps - 1) * strides + 1:strides]
+                               for k in range(width)], axis=-1)  # (batch, steps, width * channels), tap by tap
+    return patches @ kernel.reshape(width * channels, filters)
+
+
+def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+    """Keras's `conv` signature: `conv1d_as_matmul` where it applies, else Keras's own convolution."""
+    if _applies(inputs, kernel, _one(strides), padding, data_format, _one(dilation_rate)):
+        return conv1d_as_matmul(jnp.asarray(inputs), jnp.asarray(kernel), _one(strides), padding, _one(dilation_rate))
+    return _KERAS_CONV(inputs, kernel, strides, padding, data_format, dilation_rate)
+
+
+def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
+    """A 1-D channels-last float32 convolution of one group on a CPU, with an output (an empty one is left to
+    Keras's own, which raises its error)."""
+    if not (jax.default_backend() == "cpu" and stride and dilation and str(padding).lower() in ("valid", "same")):
+        return False
+    if not (len(inputs.shape) == len(kernel.shape) == 3 and standardize_data_format(data_format) == "channels_last"):
+        return False
+    if not standardize_dtype(inputs.dtype) == standardize_dtype(kernel.dtype) == "float32":
+        return False
+    reach = (kernel.shape[0] - 1) * dilation + 1
+    return inputs.shape[-1] == kernel.shape[1] and (padding.lower() == "same" or inputs.shape[1] >= reach)
+
+
+_KERAS_CONV = keras_jax_nn.conv
+
+
+@contextlib.contextmanager
+def as_matmuls():
+    """While the block runs, Keras's JAX convolution is `conv1d_as_matmul` where that applies (module docstring)."""
+    before, keras_jax_nn.conv = keras_jax_nn.conv, _conv
+    try:
+        yield
+    finally:
+        keras_jax_nn.conv = before

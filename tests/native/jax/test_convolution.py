@@ -1,0 +1,102 @@
+"""native.jax.convolution: Keras's 1-D convolution as a matmul over the input's patches, what the JAX loop runs."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+from keras.src.backend.jax import nn as keras_jax_nn
+
+from compare.tolerances import CONV_AS_MATMUL_RTOL, SCAN_VS_LOOP_ATOL
+from keras_side import models
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
+from native.jax import convolution
+from native.jax import loop as jax_loop
+from tests.native.loops import flat
+from tests.native.many_seeds import zoo_data
+
+KERAS_CONV = keras_jax_nn.conv
+
+
+def close(got, want):
+    """Within CONV_AS_MATMUL_RTOL of the largest magnitude of `want`."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=CONV_AS_MATMUL_RTOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("width,channels,stride,dilation,padding",
+                         itertools.product((1, 5), (1, 3), (1, 3), (1, 2), ("valid", "same")))
+def test_conv1d_as_matmul_is_xlas_convolution_and_its_gradients(width, channels, stride, dilation, padding):
+    rng = np.random.default_rng(width * 100 + channels * 10 + stride + dilation)
+    x = jnp.asarray(rng.normal(size=(4, 22, channels)).astype(np.float32))
+    kernel = jnp.asarray(rng.normal(size=(width, channels, 4)).astype(np.float32))
+    weights = jnp.asarray(rng.normal(size=KERAS_CONV(x, kernel, stride, padding, "channels_last", dilation).shape))
+
+    def keras_conv(x, kernel):
+        return KERAS_CONV(x, kernel, stride, padding, "channels_last", dilation)
+
+    def ours(x, kernel):
+        return convolution.conv1d_as_matmul(x, kernel, stride, padding, dilation)
+
+    close(ours(x, kernel), keras_conv(x, kernel))
+    for got, want in zip(jax.grad(lambda *a: jnp.sum(ours(*a) * weights), argnums=(0, 1))(x, kernel),
+                         jax.grad(lambda *a: jnp.sum(keras_conv(*a) * weights), argnums=(0, 1))(x, kernel)):
+        close(got, want)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times the block's convolution was computed as a matmul."""
+    counted = []
+    matmul = convolution.conv1d_as_matmul
+    monkeypatch.setattr(convolution, "conv1d_as_matmul", lambda *a: counted.append(a) or matmul(*a))
+    return counted
+
+
+@pytest.mark.parametrize("layer,shape,ours", [
+    (lambda: keras.layers.Conv1D(4, 5, padding="causal", dilation_rate=2), (4, 22, 1), True),
+    (lambda: keras.layers.Conv1D(4, 3, strides=2, padding="same"), (4, 22, 3), True),
+    (lambda: keras.layers.Conv1D(4, 3, groups=2), (4, 22, 2), False),  # two groups
+    (lambda: keras.layers.Conv1D(4, 3, dtype="bfloat16"), (4, 22, 1), False),
+    (lambda: keras.layers.Conv2D(4, 3), (4, 8, 8, 1), False),
+])
+def test_as_matmuls_takes_one_group_float32_1d_convolutions_and_leaves_the_rest_to_keras(layer, shape, ours, calls):
+    layer = layer()
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    want = layer(x)
+    with convolution.as_matmuls():
+        got = layer(x)
+    assert bool(calls) == ours
+    if ours:
+        close(got, want)
+    else:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # Keras's own convolution, to the bit
+
+
+def test_as_matmuls_gives_keras_its_convolution_back_after_an_error_and_keeps_its_empty_output_error():
+    with pytest.raises(ValueError, match="empty output"), convolution.as_matmuls():
+        assert keras_jax_nn.conv is not KERAS_CONV
+        keras.ops.conv(np.zeros((2, 3, 1), np.float32), np.zeros((5, 1, 4), np.float32))  # 3 steps, a width of 5
+    assert keras_jax_nn.conv is KERAS_CONV
+
+
+def test_every_verb_of_the_loop_computes_a_conv1d_through_the_matmul(panel, calls):
+    data = zoo_data(panel, "conv1d")
+    cfg = TrainConfig(epochs=2, validate=False)
+    found = {}
+    for driver in ("loop", "scan"):
+        seed_everything(0)
+        calls.clear()
+        found[driver] = jax_loop.train(model := models.conv1d(), data, cfg, driver=driver)
+        assert calls, driver  # traced through conv1d_as_matmul
+    np.testing.assert_allclose(flat(found["scan"].weights), flat(found["loop"].weights), atol=SCAN_VS_LOOP_ATOL,
+                               rtol=0)
+    for verb in (lambda: jax_loop.predict(model, data.x_test), lambda: jax_loop.grad_at(model, data.x_test,
+                                                                                          data.y_test)):
+        calls.clear()
+        verb()
+        assert calls
+    assert keras_jax_nn.conv is KERAS_CONV
