@@ -10,8 +10,10 @@ spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop through `torch.compile`: for a model
 with no non-trainable variables (`stateless`) the objective's gradient in one graph, forward and backward together
 (`compiled_gradient`: `torch.func.grad` of the model's call under Keras's `StatelessScope`, the parameters' values
-in, their gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, Dropout) the
-batch loss in one graph and its backward graph from AOTAutograd, through autograd's engine. The Keras-exact update
+in, their gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, a Dropout
+whose masks cannot be drawn before the step) the batch loss in one graph and its backward graph from AOTAutograd,
+through autograd's engine. A seeded Dropout's masks are drawn before each step, as Keras draws them, and handed to
+the graph (`Draws`): drawn inside, each would break it in two. The Keras-exact update
 is compiled too (one kernel), and dynamo's guards are skipped once every batch shape is compiled
 (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
 (docs/speed.md; the eager loop calls each layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is
@@ -28,6 +30,9 @@ import keras
 import numpy as np
 import torch
 from keras.src.backend import get_autocast_scope
+from keras.src.backend.torch.core import get_device
+from keras.src.backend.torch.random import torch_seed_generator
+from keras.src.random.seed_generator import SeedGenerator
 from keras.src.layers.rnn.lstm import LSTMCell
 from keras.src.models import functional
 from keras.src.models.functional import Functional
@@ -50,17 +55,21 @@ def _tensors(x, device):
     return torch.as_tensor(x, device=device)
 
 
-def _forward(model, x, training: bool):
+def _forward(model, x, training: bool, masks=()):
     """The model's outputs: a Sequential model's layers in order, a Functional model's graph run by Keras's own
     runner, each layer through its `call` where its `Layer.__call__` has nothing to do (`_bare`); any other model
-    called whole (so are a Sequential model's inputs whose rank or dtype its graph would first adjust)."""
+    called whole (so are a Sequential model's inputs whose rank or dtype its graph would first adjust). `masks`:
+    the masks of the model's Dropouts, drawn before the call (`Draws`), in their order."""
     x = keras_inputs(x)
     bare = not torch.compiler.is_compiling() and _nothing_around_layers()  # compiled, the wrapper is traced away
     layers = in_order(model)
+    masks = list(masks)
     if layers is not None and _as_declared(model, x):
         for layer, takes_training in layers:
             direct = bare and _direct(layer, x)
-            if direct:
+            if masks and training and isinstance(layer, keras.layers.Dropout) and layer.rate > 0:
+                x = _dropped(x, masks.pop(0), layer.rate)  # Draws: every such Dropout has its mask
+            elif direct:
                 x = direct(layer, x, training)
             else:
                 x = layer(x, training=training) if takes_training else layer(x)
@@ -329,14 +338,62 @@ def _probe(model, x, device) -> tuple:
             return outputs, bool(model.losses)
 
 
-def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, sample_weight=None):
+def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, sample_weight=None, masks=()):
     """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss on the batch plus every loss the model adds
     (kernel, bias and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
     `regularized=False` says the model has none, and skips asking (a few µs a step)."""
-    outputs = _forward(model, x, training=training)
+    outputs = _forward(model, x, training=training, masks=masks)
     loss = loss_fn(y, outputs, sample_weight)
     extra = model.losses if regularized else ()
     return (loss + sum(extra) if extra else loss), outputs
+
+
+class Draws:
+    """The masks of a model's Dropouts, drawn outside the compiled step and handed to it as inputs: drawn inside, by
+    Keras's torch seed generator (`torch.compiler.disable`d, a `torch.Generator`), each breaks the graph in two.
+
+    Each mask is drawn as Keras's seeded Dropout draws it, by Keras's own `torch_seed_generator` (which advances the
+    layer's seed state as its call would) and `torch.bernoulli`, and applied as Keras applies it (`_dropped`): the
+    same masks, the same outputs, to the bit (tested). `Draws.of(model)` is None unless the model is called layer by
+    layer (`in_order`) and its only layers that draw are seeded Dropouts (a rate between 0 and 1, no noise shape)
+    whose input shape is known but for the batch, and the inputs are as it declares them (which `_forward` then
+    calls layer by layer)."""
+
+    def __init__(self, layers):
+        self.layers = layers
+
+    @classmethod
+    def of(cls, model, x) -> Draws | None:
+        """The model's Draws for inputs like `x` (arrays or tensors), or None."""
+        layers = in_order(model)
+        if layers is None or not _as_declared(model, keras_inputs(_tensors(take(x, slice(0, 1)), "cpu"))):
+            return None
+        drawing = [layer for layer in model._flatten_layers(include_self=False) if _draws(layer)]
+        dropouts = [layer for layer, _ in layers if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
+        if not dropouts or any(layer not in dropouts for layer in drawing) or not all(
+                type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
+                and layer.seed_generator._initial_seed is not None and None not in layer.input.shape[1:]
+                for layer in dropouts):
+            return None
+        return cls(dropouts)
+
+    def __call__(self, rows: int) -> tuple[torch.Tensor, ...]:
+        """One mask per Dropout for a batch of `rows`, each layer's seed state advanced by one draw."""
+        return tuple(torch.bernoulli(torch.full((rows, *layer.input.shape[1:]), 1.0 - layer.rate,
+                                                device=get_device()),
+                                     generator=torch_seed_generator(layer.seed_generator)).bool()
+                     for layer in self.layers)
+
+
+def _draws(layer) -> bool:
+    """The layer draws random numbers when it trains: it holds a Keras `SeedGenerator`."""
+    return any(isinstance(value, SeedGenerator) for value in vars(layer).values())
+
+
+def _dropped(x, mask, rate: float):
+    """Keras's seeded dropout on torch, given its mask (`keras.src.backend.torch.random.dropout`)."""
+    keep = 1.0 - rate
+    return torch.where(torch.broadcast_to(mask, x.shape), x / keep, torch.zeros_like(x, dtype=x.dtype))
 
 
 def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
@@ -371,8 +428,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     x_val, y_val = _tensors(data.x_val, device), _tensors(data.y_val, device)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
 
-    def batch_loss(xb, yb, wb):
-        return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb)
+    def batch_loss(xb, yb, wb, masks=()):
+        return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb,
+                          masks=masks)
 
     backward = _through_autograd(batch_loss, optimizer)
     if compile:
@@ -382,8 +440,13 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         torch.compiler.reset()
         counters.clear()  # dynamo's tally, to tell after the first epoch whether the step broke its graph
         traceable(model)
-        if stateless(model):
-            backward = compiled_gradient(model, loss_fn)
+        draws = Draws.of(model, x)
+        if stateless(model, draws):
+            backward = compiled_gradient(model, loss_fn, draws)
+        elif draws:  # the Dropouts' masks drawn before the compiled step, which takes them as inputs
+            compiled = torch.compile(batch_loss)
+            drawn = lambda xb, yb, wb: compiled(xb, yb, wb, draws(len(xb)))  # noqa: E731
+            backward = _through_autograd(fresh_losses(model, drawn), optimizer)
         else:
             backward = _through_autograd(fresh_losses(model, torch.compile(batch_loss)), optimizer)
     sizes = torch.tensor([rows.stop - rows.start for rows in batch_slices(data.n_train, cfg.batch_size)],
@@ -447,8 +510,8 @@ def guards_skipped():
     one graph each (`one_graph`) and there is no `on_step` of yours, which could change what the graphs read. In the
     loop's own code nothing changes a shape, a dtype or the model, and the rate and step reach the optimizer as
     tensors: the same graphs run, and the weights end where they end with every guard checked, to the bit (tested).
-    A step with graph breaks (dropout_mlp: Keras's seed generator runs outside the graph) resumes through pieces that
-    dynamo re-specializes as it goes, so it keeps every guard."""
+    A step with graph breaks (a Dropout that `Draws` cannot draw: Keras's seed generator runs outside the graph)
+    resumes through pieces that dynamo re-specializes as it goes, so it keeps every guard."""
     return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
 
 
@@ -464,16 +527,17 @@ def _through_autograd(batch_loss, optimizer):
     return backward
 
 
-def stateless(model) -> bool:
+def stateless(model, draws: Draws | None = None) -> bool:
     """The compiled loop may take the model's gradient in one graph (`compiled_gradient`): the model has no
-    non-trainable variables (no moving statistics, no seed, no frozen weights) and wraps no torch module of its own
-    (`TorchModuleWrapper`, whose call runs the module's own parameters, which no mapping of Keras's variables
-    reaches)."""
-    return not model.non_trainable_variables and not any(
+    non-trainable variables (no moving statistics, no seed, no frozen weights) but the seed states of Dropouts whose
+    masks are drawn outside the graph (`draws`), and wraps no torch module of its own (`TorchModuleWrapper`, whose
+    call runs the module's own parameters, which no mapping of Keras's variables reaches)."""
+    drawn = {id(layer.seed_generator.state) for layer in draws.layers} if draws else set()
+    return all(id(v) in drawn for v in model.non_trainable_variables) and not any(
         isinstance(layer, keras.layers.TorchModuleWrapper) for layer in model._flatten_layers())
 
 
-def compiled_gradient(model, loss_fn):
+def compiled_gradient(model, loss_fn, draws: Draws | None = None):
     """`backward(x, y, w) -> (loss, outputs)` for a `stateless` model, the gradients left in its variables' `.grad`
     for the optimizer: the objective's gradient with respect to the trainable variables' values, the forward and the
     backward compiled in one graph (`compiled_grad` of a call under Keras's `StatelessScope`, which maps each
@@ -484,12 +548,16 @@ def compiled_gradient(model, loss_fn):
     one graph (a custom layer drawing unseeded random numbers, whose state the scope would not keep) is refused at
     its first batch (`SpecError`): train it with `compile=False`. A variable the objective never reaches gets no
     gradient (None, found by autograd at the first batch), as in `fit`, whose optimizer skips it: `torch.func.grad`
-    would give it zeros, which a weight decay would then shrink."""
+    would give it zeros, which a weight decay would then shrink. With `draws`, the Dropouts' masks are drawn before
+    each step and the graph takes them as inputs, the model called layer by layer (`_forward`)."""
     variables = model.trainable_variables
 
-    def objective(values, xb, yb, wb):
+    def objective(values, xb, yb, wb, masks):
         with keras.StatelessScope(list(zip(variables, values)), collect_losses=True):
-            outputs = model(keras_inputs(xb), training=True)
+            if masks:  # layer by layer, each Dropout given its mask (Draws)
+                outputs = _forward(model, xb, training=True, masks=masks)
+            else:
+                outputs = model(keras_inputs(xb), training=True)
             losses = model.losses
         loss = loss_fn(yb, outputs, wb)
         total = loss + sum(losses) if losses else loss
@@ -500,10 +568,11 @@ def compiled_gradient(model, loss_fn):
 
     def backward(xb, yb, wb):
         nonlocal unreached
+        masks = draws(len(xb)) if draws else ()
         if unreached is None:
-            unreached = _unreached(model, objective, variables, xb, yb, wb)
+            unreached = _unreached(model, objective, variables, xb, yb, wb, masks)
         try:
-            aux = gradient(xb, yb, wb)
+            aux = gradient(xb, yb, wb, masks)
         except torch._dynamo.exc.Unsupported as err:
             reason = str(err).strip().splitlines()[0]
             raise SpecError(f"train(compile=True) takes this model's gradient in one graph, which its step breaks "
@@ -515,11 +584,11 @@ def compiled_gradient(model, loss_fn):
     return backward
 
 
-def _unreached(model, objective, variables, xb, yb, wb) -> list[torch.Tensor]:
+def _unreached(model, objective, variables, xb, yb, wb, masks) -> list[torch.Tensor]:
     """The parameters of the variables the objective does not reach: autograd's None, on one eager call."""
     values = [v.value.detach().requires_grad_() for v in variables]
     model._clear_losses()
-    total, _ = objective(values, xb, yb, wb)
+    total, _ = objective(values, xb, yb, wb, masks)
     grads = torch.autograd.grad(total, values, allow_unused=True)
     return [v.value for v, g in zip(variables, grads) if g is None]
 
@@ -566,7 +635,8 @@ def traceable(model) -> None:
     """What torch.compile needs of a Keras model to trace its step in one graph. BatchNormalization keeps its reduction
     axes in a list Keras tracks (a `TrackedList`), which dynamo cannot hand to `torch.mean`: a graph break at each
     moment (8 a step on bn_mlp, and torch's recompile limit). A tuple is the same axes. Every zoo model then traces
-    in one graph but dropout_mlp: Keras's torch seed generator is `torch.compiler.disable`d (tested)."""
+    in one graph, dropout_mlp with its masks drawn before the step (`Draws`; Keras's torch seed generator is
+    `torch.compiler.disable`d, 5 breaks a step without them; tested)."""
     for layer in model._flatten_layers():
         if isinstance(layer, keras.layers.BatchNormalization) and isinstance(layer._reduction_axes, list):
             object.__setattr__(layer, "_reduction_axes", tuple(layer._reduction_axes))  # past Keras's tracking

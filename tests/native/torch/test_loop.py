@@ -53,12 +53,14 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
 
 
 @pytest.mark.parametrize("name, gradient", [("mlp_l2", True), ("har_recent", True), ("two_horizons", True),
-                                            ("classifier", True), ("panel", True), ("bn_mlp", False)])
+                                            ("classifier", True), ("panel", True), ("dropout_mlp", True),
+                                            ("bn_mlp", False)])
 def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel, name, gradient, monkeypatch):
     """#15: a model with no state its call updates trains on its objective's gradient compiled in one graph
     (`compiled_gradient`: the regularizers' penalties, sample weights, two weighted outputs, a metric, two inputs
-    one of them integers); one with moving statistics (bn_mlp) on its compiled loss and autograd. Either way the
-    weights the eager loop reaches, and three graphs for the run (the full batch, the short one, the update)."""
+    one of them integers, a Dropout whose masks are drawn before the step); one with moving statistics (bn_mlp) on
+    its compiled loss and autograd. Either way the weights the eager loop reaches, and three graphs for the run (the
+    full batch, the short one, the update)."""
     from torch._dynamo.utils import counters
 
     from compare import data as har_data
@@ -72,7 +74,8 @@ def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel,
     for compile in (False, True):
         seed_everything(0)
         results.append(torch_loop.train(entry.builder()(), data, cfg, compile=compile))
-    assert bool(taken) == gradient == torch_loop.stateless(entry.builder()())
+    model = models.ensure_built(entry.builder()(), data.x_train)
+    assert bool(taken) == gradient == torch_loop.stateless(model, torch_loop.Draws.of(model, data.x_train))
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]  # of the compiled run, the last
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
@@ -292,10 +295,11 @@ def test_a_hosts_checkpoint_loads_in_another_process_and_in_this_one(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), saved.values()))
 
 
-@pytest.mark.parametrize("name", ["har", "bn_mlp", "classifier", "lstm", "conv1d", "panel"])
+@pytest.mark.parametrize("name", ["har", "bn_mlp", "dropout_mlp", "classifier", "lstm", "conv1d", "panel"])
 def test_the_compiled_step_is_one_graph(panel, name):
     """#15: the batch loss `train(compile=True)` compiles traces in one graph, no graph break (bn_mlp had 8, the
-    classifier 5), so it compiles once per batch shape; dropout_mlp is the exception (Keras's seed generator)."""
+    classifier 5, dropout_mlp 5 before its masks were drawn outside: `Draws`), so it compiles once per batch
+    shape."""
     from compare import data as har_data
     from keras_side.config import take
     from keras_side.zoo import ZOO
@@ -307,9 +311,65 @@ def test_the_compiled_step_is_one_graph(panel, name):
     loss_fn = torch_loop.spec_loss(cfg, same_rank=True)
     x, y = (torch_loop._tensors(take(a, slice(0, 128)), "cpu") for a in (data.x_train, data.y_train))
     torch.compiler.reset()
-    explained = torch._dynamo.explain(lambda xb, yb: torch_loop.total_loss(model, loss_fn, xb, yb, training=True))(
-        x, y)
+    draws = torch_loop.Draws.of(model, data.x_train)
+    masks = draws(len(x)) if draws else ()
+    explained = torch._dynamo.explain(lambda xb, yb, masks: torch_loop.total_loss(model, loss_fn, xb, yb,
+                                                                                  training=True, masks=masks))(
+        x, y, masks)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def _noisy_bn_dropout():
+    L = keras.layers
+    return keras.Sequential([keras.Input((3,)), L.Dense(8, use_bias=False), L.BatchNormalization(),
+                             L.Dropout(0.3, seed=3), L.Dense(4), L.Dropout(0.5, seed=4), L.Dense(1)])
+
+
+def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout():
+    """#15: each mask drawn before the step is the one the layer's call would draw, applied as its call applies
+    it, and the seed state moves as the call moves it: to the bit, for both Dropouts, twice."""
+    seed_everything(0)
+    model = _noisy_bn_dropout()
+    draws = torch_loop.Draws.of(model, np.zeros((2, 3), np.float32))
+    assert [layer.rate for layer in draws.layers] == [0.3, 0.5]
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32))
+    for _ in range(2):
+        before = _state(model)
+        keras_out, keras_after = model(x, training=True), _state(model)
+        for v, value in zip(model.variables, before):
+            v.assign(value)
+        ours = torch_loop._forward(model, x, training=True, masks=draws(len(x)))
+        assert torch.equal(ours, keras_out)
+        assert all(np.array_equal(a, b) for a, b in zip(keras_after, _state(model)))
+        assert not all(np.array_equal(a, b) for a, b in zip(before, _state(model)))  # the seeds moved
+
+
+def test_the_compiled_loop_draws_the_masks_outside_its_one_graph_with_batchnorm_too(har):
+    """A BatchNorm beside the Dropouts: the compiled loss and autograd (not `stateless`), one graph a batch shape,
+    the eager loop's weights and moving statistics."""
+    from torch._dynamo.utils import counters
+
+    cfg = TrainConfig(epochs=2, validate=False)
+    results = []
+    for compile in (False, True):
+        seed_everything(0)
+        model = _noisy_bn_dropout()
+        results.append(torch_loop.train(model, har, cfg, compile=compile))
+    assert not torch_loop.stateless(model, torch_loop.Draws.of(model, har.x_train))
+    assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
+    np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("build", [
+    lambda L: [L.Dense(4), L.Dropout(0.3)],  # unseeded: torch's own dropout on its global generator
+    lambda L: [L.Dense(4), L.Dropout(0.3, noise_shape=(None, 1), seed=1)],
+    lambda L: [L.Dense(4), L.Dropout(0.3, seed=1), L.GaussianNoise(0.1, seed=2)],  # another layer that draws
+    lambda L: [L.Dense(4)],  # nothing to draw
+])
+def test_draws_are_none_where_the_masks_are_not_drawn_as_a_seeded_dropout_draws_them(build):
+    model = keras.Sequential([keras.Input((3,)), *build(keras.layers), keras.layers.Dense(1)])
+    assert torch_loop.Draws.of(model, np.zeros((2, 3), np.float32)) is None
 
 
 def _state(model) -> list[np.ndarray]:
