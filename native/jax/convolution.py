@@ -3,28 +3,37 @@
     with convolution.as_matmuls():   # what native.jax.loop does around every call of the model
         pred, _ = model.stateless_call(trainable, non_trainable, x)
 
-XLA's CPU convolution is slow on a small 1-D convolution, forward and for the kernel's gradient: written as a
-matmul over the input's patches, the zoo's `Conv1D(4, 5)` over 22 days trains twice as fast in the fused scan
-(`native-loops bench --models conv1d`: 24.3× `fit`, where XLA's convolution gave 11.6×; docs/speed.md). The patches
-are what a GEMM-based convolution builds ("im2col"): row t holds the `width` input rows that output t reads, each
-channel of each, so output t is that row times the flattened kernel, every filter at once. It is the same products,
-summed in another order: within `CONV_AS_MATMUL_RTOL` of XLA's convolution, gradients too (tested), not its bits.
+XLA's CPU convolution is slow, forward and for the kernel's gradient (openxla/xla#34273 reports it 30 times slower
+than PyTorch's on a 3-D convolution). Written as one matmul over the input's patches, the zoo's `Conv1D(4, 5)` over
+22 days trains twice as fast in the fused scan (`native-loops bench --models conv1d`, alternating runs before and
+after: 140 and 151 ms against 75 and 76; docs/speed.md, "The Conv1D as a matmul in JAX"). The patches are what a GEMM-based convolution builds ("im2col"): row t holds the
+`width` input rows that output t reads, each channel of each, so output t is that row times the flattened kernel,
+every filter at once. It is the same products, summed in another order: within `CONV_AS_MATMUL_RTOL` of XLA's
+convolution, outputs and gradients (tested), not its bits. The patches hold `width` copies of the input, as a
+GEMM-based convolution's do.
 
 `as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, which
-`keras.ops.conv` and every convolution layer call) while the block runs: the JAX loop enters it where it calls the
-model, so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one group on a
-CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid" convolution);
-every other convolution goes to Keras's own, unchanged. The swap is process-wide while the block runs: another
-thread calling a convolution then gets it too.
+`keras.ops.conv` calls, and so `Conv1D`, `Conv2D`, `Conv3D` and a separable convolution's pointwise step; a
+transposed or depthwise convolution has ops of its own) while any block runs: the JAX loop enters it where it calls
+the model, so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one group on
+a CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid"
+convolution); every other convolution goes to Keras's own, unchanged. The swap is process-wide: while one thread is
+inside a block, another thread's convolution is swapped too (blocks may nest and overlap across threads; Keras's
+own comes back when the last one ends).
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import jax
 import jax.numpy as jnp
 from keras.src.backend import standardize_data_format, standardize_dtype
 from keras.src.backend.jax import nn as keras_jax_nn
+
+_KERAS_CONV = keras_jax_nn.conv
+_LOCK = threading.Lock()
+_inside = 0  # blocks open, in every thread
 
 
 def _one(value) -> int | None:
@@ -68,14 +77,17 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
     return inputs.shape[-1] == kernel.shape[1] and (padding.lower() == "same" or inputs.shape[1] >= reach)
 
 
-_KERAS_CONV = keras_jax_nn.conv
-
-
 @contextlib.contextmanager
 def as_matmuls():
     """While the block runs, Keras's JAX convolution is `conv1d_as_matmul` where that applies (module docstring)."""
-    before, keras_jax_nn.conv = keras_jax_nn.conv, _conv
+    global _inside
+    with _LOCK:
+        _inside += 1
+        keras_jax_nn.conv = _conv
     try:
         yield
     finally:
-        keras_jax_nn.conv = before
+        with _LOCK:
+            _inside -= 1
+            if not _inside:
+                keras_jax_nn.conv = _KERAS_CONV

@@ -9,10 +9,11 @@ plus the losses the model adds (`return_losses=True`: regularizers, `add_loss`).
 (`native.jax.optim`: Keras-exact by default). Batches come as `fit` cuts them: full batches, then the short last
 one as it is, so no padded row ever reaches a layer (BatchNorm's batch statistics would see it); the step
 compiles once per batch shape, two at most. Two drivers share the step: a readable Python loop (default) and a
-fused `lax.scan` over each epoch's full batches (`driver="scan"`). Every call of the model computes a 1-D
-convolution as a matmul over the input's patches, not with XLA's CPU convolution (`native.jax.convolution`: the
-same products in another order, the zoo's Conv1D twice as fast). The trained state is written back into the Keras
-model with `assign`, so `model.predict` and `save_weights` see it.
+fused `lax.scan` over each epoch's full batches (`driver="scan"`). On a CPU, every call of the model computes a
+1-D channels-last float32 convolution of one group as a matmul over the input's patches, not with XLA's CPU
+convolution (`native.jax.convolution`: the same products in another order; the zoo's Conv1D twice as
+fast), and so do `native.jax.many`'s trainers. The trained state is written back into the Keras model with
+`assign`, so `model.predict` and `save_weights` see it.
 """
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ spec (`native.torch.optim`: Keras-exact by default), its clip and scheduler, and
 `train(..., compile=True)` (path `torch-native-compile`) runs the same loop through `torch.compile`: for a model
 with no non-trainable variables (`stateless`) the objective's gradient in one graph, forward and backward together
 (`compiled_gradient`: `torch.func.grad` of the model's call under Keras's `StatelessScope`, the parameters' values
-in, their gradients out into each `.grad`); for a model with moving statistics or a seed (BatchNorm, a Dropout
-whose masks cannot be drawn before the step) the batch loss in one graph and its backward graph from AOTAutograd,
-through autograd's engine. A seeded Dropout's masks are drawn before each step, as Keras draws them, and handed to
-the graph (`Draws`): drawn inside, each would break it in two. The Keras-exact update
+in, their gradients out into each `.grad`); for a model with moving statistics (BatchNorm) the batch loss in one
+graph and its backward graph from AOTAutograd, through autograd's engine. A seeded Dropout's masks are drawn before
+each step, as Keras draws them, and handed to the graph (`Draws`), so a model whose only state is its Dropouts'
+seeds is `stateless` too; a layer that draws any other way breaks the graph at each draw. The Keras-exact update
 is compiled too (one kernel), and dynamo's guards are skipped once every batch shape is compiled
 (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
 (docs/speed.md; the eager loop calls each layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is
@@ -32,7 +32,6 @@ import torch
 from keras.src.backend import get_autocast_scope
 from keras.src.backend.torch.core import get_device
 from keras.src.backend.torch.random import torch_seed_generator
-from keras.src.random.seed_generator import SeedGenerator
 from keras.src.layers.rnn.lstm import LSTMCell
 from keras.src.models import functional
 from keras.src.models.functional import Functional
@@ -66,14 +65,19 @@ def _forward(model, x, training: bool, masks=()):
     masks = list(masks)
     if layers is not None and _as_declared(model, x):
         for layer, takes_training in layers:
-            direct = bare and _direct(layer, x)
             if masks and training and isinstance(layer, keras.layers.Dropout) and layer.rate > 0:
-                x = _dropped(x, masks.pop(0), layer.rate)  # Draws: every such Dropout has its mask
-            elif direct:
+                x = _dropped(x, masks.pop(0), layer.rate)  # `Draws` drew one for each such Dropout, in this order
+                continue
+            direct = bare and _direct(layer, x)
+            if direct:
                 x = direct(layer, x, training)
             else:
                 x = layer(x, training=training) if takes_training else layer(x)
+        if masks:
+            raise SpecError(f"{len(masks)} Dropout masks were drawn for this model that no layer took")
         return x
+    if masks:
+        raise SpecError("Dropout masks were drawn for a model called layer by layer; this call is not")
     if bare and _own_graph(model):
         return _through_graph(model, x, training)
     return model(x, training=training)
@@ -349,45 +353,49 @@ def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, s
 
 
 class Draws:
-    """The masks of a model's Dropouts, drawn outside the compiled step and handed to it as inputs: drawn inside, by
-    Keras's torch seed generator (`torch.compiler.disable`d, a `torch.Generator`), each breaks the graph in two.
+    """The masks of a model's Dropouts, drawn outside the compiled step and handed to it as inputs. Drawn inside, by
+    Keras's torch seed generator (a `torch.Generator`, which Keras marks `torch.compiler.disable`), they break the
+    graph at every draw (5 breaks a step on dropout_mlp).
 
     Each mask is drawn as Keras's seeded Dropout draws it, by Keras's own `torch_seed_generator` (which advances the
     layer's seed state as its call would) and `torch.bernoulli`, and applied as Keras applies it (`_dropped`): the
-    same masks, the same outputs, to the bit (tested). `Draws.of(model)` is None unless the model is called layer by
-    layer (`in_order`) and its only layers that draw are seeded Dropouts (a rate between 0 and 1, no noise shape)
-    whose input shape is known but for the batch, and the inputs are as it declares them (which `_forward` then
-    calls layer by layer)."""
+    same masks, the same outputs, the same seed states, to the bit (tested). `Draws.of(model, x)` is None unless
+    the model is called layer by layer on inputs like `x` (`in_order`, `_as_declared`: what `_forward` then does)
+    and its only layers that draw are Keras's own seeded Dropouts (a rate between 0 and 1, no noise shape) around
+    which `Layer.__call__` has nothing to do (no mask on the input, no cast, no activity regularizer, no hook:
+    `_idle_wrapper`, asked of each Dropout's input in an inference call of one row, which also gives its shape)."""
 
-    def __init__(self, layers):
-        self.layers = layers
+    def __init__(self, layers: list, shapes: list[tuple[int, ...]]):
+        """`layers`: the Dropouts in the order the model calls them; `shapes`: each one's input, but for the rows."""
+        self.layers, self.shapes = layers, shapes
 
     @classmethod
     def of(cls, model, x) -> Draws | None:
         """The model's Draws for inputs like `x` (arrays or tensors), or None."""
         layers = in_order(model)
-        if layers is None or not _as_declared(model, keras_inputs(_tensors(take(x, slice(0, 1)), "cpu"))):
+        sample = keras_inputs(_tensors(take(x, slice(0, 1)), get_device()))
+        if layers is None or not _as_declared(model, sample):
             return None
-        drawing = [layer for layer in model._flatten_layers(include_self=False) if _draws(layer)]
         dropouts = [layer for layer, _ in layers if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
-        if not dropouts or any(layer not in dropouts for layer in drawing) or not all(
-                type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
-                and layer.seed_generator._initial_seed is not None and None not in layer.input.shape[1:]
-                for layer in dropouts):
+        drawing = [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
+        if not dropouts or any(layer not in dropouts for layer in drawing):
             return None
-        return cls(dropouts)
+        shapes = []
+        with torch.no_grad(), keras.StatelessScope():  # the inputs Keras gives each layer; no state moves
+            for layer, takes_training in layers:
+                if layer in dropouts:
+                    if not (type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
+                            and layer.seed_generator._initial_seed is not None and _idle_wrapper(layer, sample)):
+                        return None
+                    shapes.append(tuple(sample.shape[1:]))
+                sample = layer(sample, training=False) if takes_training else layer(sample)
+        return cls(dropouts, shapes)
 
     def __call__(self, rows: int) -> tuple[torch.Tensor, ...]:
         """One mask per Dropout for a batch of `rows`, each layer's seed state advanced by one draw."""
-        return tuple(torch.bernoulli(torch.full((rows, *layer.input.shape[1:]), 1.0 - layer.rate,
-                                                device=get_device()),
+        return tuple(torch.bernoulli(torch.full((rows, *shape), 1.0 - layer.rate, device=get_device()),
                                      generator=torch_seed_generator(layer.seed_generator)).bool()
-                     for layer in self.layers)
-
-
-def _draws(layer) -> bool:
-    """The layer draws random numbers when it trains: it holds a Keras `SeedGenerator`."""
-    return any(isinstance(value, SeedGenerator) for value in vars(layer).values())
+                     for layer, shape in zip(self.layers, self.shapes))
 
 
 def _dropped(x, mask, rate: float):

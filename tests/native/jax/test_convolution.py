@@ -28,7 +28,7 @@ def close(got, want):
 
 
 @pytest.mark.parametrize("width,channels,stride,dilation,padding",
-                         itertools.product((1, 5), (1, 3), (1, 3), (1, 2), ("valid", "same")))
+                         itertools.product((1, 4, 5), (1, 3), (1, 3), (1, 2), ("valid", "same")))
 def test_conv1d_as_matmul_is_xlas_convolution_and_its_gradients(width, channels, stride, dilation, padding):
     rng = np.random.default_rng(width * 100 + channels * 10 + stride + dilation)
     x = jnp.asarray(rng.normal(size=(4, 22, channels)).astype(np.float32))
@@ -74,6 +74,14 @@ def test_as_matmuls_takes_one_group_float32_1d_convolutions_and_leaves_the_rest_
         close(got, want)
     else:
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # Keras's own convolution, to the bit
+
+
+def test_nested_blocks_keep_the_matmul_until_the_last_one_ends():
+    with convolution.as_matmuls():
+        with convolution.as_matmuls():
+            assert keras_jax_nn.conv is not KERAS_CONV
+        assert keras_jax_nn.conv is not KERAS_CONV  # the outer block still runs
+    assert keras_jax_nn.conv is KERAS_CONV
 
 
 def test_as_matmuls_gives_keras_its_convolution_back_after_an_error_and_keeps_its_empty_output_error():

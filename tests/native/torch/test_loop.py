@@ -9,7 +9,7 @@ import torch
 
 from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import models
-from keras_side.spec import TrainConfig
+from keras_side.spec import SpecError, TrainConfig
 from keras_side.determinism import seed_everything
 from native.torch import host as torch_host
 from native.torch import loop as torch_loop
@@ -112,7 +112,6 @@ def test_a_subclassed_model_is_called_as_fit_calls_it_in_the_compiled_gradient(h
 def test_a_step_that_cannot_be_one_graph_is_refused_with_its_reason(har):
     """Unseeded noise draws from Keras's global generator, whose state a `StatelessScope` would not keep: the step
     cannot be one graph, and the compiled loop says so instead of training on the same noise every step."""
-    from keras_side.spec import SpecError
 
     class Noisy(keras.layers.Layer):
         def call(self, x):
@@ -325,23 +324,36 @@ def _noisy_bn_dropout():
                              L.Dropout(0.3, seed=3), L.Dense(4), L.Dropout(0.5, seed=4), L.Dense(1)])
 
 
-def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout():
+def _first_dropout():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.4, seed=5), keras.layers.Dense(1)])
+
+
+def _sequence_dropout():
+    L = keras.layers
+    return keras.Sequential([keras.Input((5, 2)), L.Dense(4), L.Dropout(0.25, seed=6), L.Flatten(), L.Dense(1)])
+
+
+@pytest.mark.parametrize("build, rates, shape", [(_noisy_bn_dropout, [0.3, 0.5], (3,)),
+                                                 (_first_dropout, [0.4], (3,)),
+                                                 (_sequence_dropout, [0.25], (5, 2))])
+def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates, shape):
     """#15: each mask drawn before the step is the one the layer's call would draw, applied as its call applies
-    it, and the seed state moves as the call moves it: to the bit, for both Dropouts, twice."""
+    it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, two."""
     seed_everything(0)
-    model = _noisy_bn_dropout()
-    draws = torch_loop.Draws.of(model, np.zeros((2, 3), np.float32))
-    assert [layer.rate for layer in draws.layers] == [0.3, 0.5]
-    x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32))
+    model = build()
+    draws = torch_loop.Draws.of(model, np.zeros((2, *shape), np.float32))
+    assert [layer.rate for layer in draws.layers] == rates
+    seeds = [layer.seed_generator.state for layer in draws.layers]
+    x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, *shape)).astype(np.float32))
     for _ in range(2):
-        before = _state(model)
+        before, seeds_before = _state(model), [np.array(s) for s in seeds]
         keras_out, keras_after = model(x, training=True), _state(model)
         for v, value in zip(model.variables, before):
             v.assign(value)
         ours = torch_loop._forward(model, x, training=True, masks=draws(len(x)))
         assert torch.equal(ours, keras_out)
         assert all(np.array_equal(a, b) for a, b in zip(keras_after, _state(model)))
-        assert not all(np.array_equal(a, b) for a, b in zip(before, _state(model)))  # the seeds moved
+        assert all(not np.array_equal(a, np.array(s)) for a, s in zip(seeds_before, seeds))  # every seed moved
 
 
 def test_the_compiled_loop_draws_the_masks_outside_its_one_graph_with_batchnorm_too(har):
@@ -361,15 +373,42 @@ def test_the_compiled_loop_draws_the_masks_outside_its_one_graph_with_batchnorm_
                                rtol=0)
 
 
+def _functional_dropout():
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dropout(0.3, seed=1)(inputs)))
+
+
 @pytest.mark.parametrize("build", [
     lambda L: [L.Dense(4), L.Dropout(0.3)],  # unseeded: torch's own dropout on its global generator
     lambda L: [L.Dense(4), L.Dropout(0.3, noise_shape=(None, 1), seed=1)],
     lambda L: [L.Dense(4), L.Dropout(0.3, seed=1), L.GaussianNoise(0.1, seed=2)],  # another layer that draws
+    lambda L: [L.Dense(4), L.Dropout(0.3, seed=1, activity_regularizer="l2")],  # its wrapper adds a loss
     lambda L: [L.Dense(4)],  # nothing to draw
+    lambda L: "functional",  # not called layer by layer
+    lambda L: "masked",  # the Dropout's input carries a mask, which its wrapper would pass on
 ])
 def test_draws_are_none_where_the_masks_are_not_drawn_as_a_seeded_dropout_draws_them(build):
-    model = keras.Sequential([keras.Input((3,)), *build(keras.layers), keras.layers.Dense(1)])
-    assert torch_loop.Draws.of(model, np.zeros((2, 3), np.float32)) is None
+    L, x = keras.layers, np.zeros((2, 3), np.float32)
+    layers = build(L)
+    if layers == "functional":
+        model = _functional_dropout()
+    elif layers == "masked":
+        model = keras.Sequential([keras.Input((3,), dtype="int32"), L.Embedding(5, 2, mask_zero=True),
+                                  L.Dropout(0.3, seed=1), L.GlobalAveragePooling1D(), L.Dense(1)])
+        x = np.zeros((2, 3), np.int32)
+    else:
+        model = keras.Sequential([keras.Input((3,)), *layers, L.Dense(1)])
+    assert torch_loop.Draws.of(model, x) is None
+
+
+def test_masks_no_layer_takes_are_an_error(har):
+    model = _first_dropout()
+    masks = torch_loop.Draws.of(model, har.x_train)(4)
+    x = torch.ones((4, 3))
+    with pytest.raises(SpecError, match="1 Dropout masks were drawn for this model that no layer took"):
+        torch_loop._forward(model, x, training=True, masks=masks * 2)
+    with pytest.raises(SpecError, match="drawn for a model called layer by layer; this call is not"):
+        torch_loop._forward(model, torch.ones((4, 3), dtype=torch.float64), training=True, masks=masks)
 
 
 def _state(model) -> list[np.ndarray]:
