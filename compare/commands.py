@@ -394,10 +394,11 @@ def distributed(args: argparse.Namespace) -> int:
         why = (": its sample weights are not taken by the data-parallel loops" if args.model in zoo_matrix.ZOO
                else "")
         raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}{why}")
-    if args.model in dist.JAX_ONLY and set(engines) - {"jax"}:
-        raise NativeLoopsError(f"--model {args.model}: its Dropout draws each process's mask for its own rows on torch "
-                               "and tensorflow, so only JAX (one global batch) can end where one process ends; "
-                               "pass --engines jax")
+    only = dist.ONLY_ON.get(args.model)
+    if only and set(engines) - set(only):
+        raise NativeLoopsError(f"--model {args.model}: its Dropout draws each replica's mask for its own rows under "
+                               f"tensorflow's MirroredStrategy, so only {' and '.join(only)} (the global batch's "
+                               f"mask) can end where one process ends; pass --engines {','.join(only)}")
     epochs = dist.ZOO_EPOCHS if args.epochs is None and args.model != "har" else None
     cfg = train_config(args, epochs=epochs).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)

@@ -23,9 +23,13 @@ neither averages nor broadcasts, so left alone each rank would normalize by its 
 averages (measured: 3e-2 from one process after 2 epochs). `synchronize_batchnorm` does for Keras's layer what
 `torch.nn.SyncBatchNorm` does for torch's: the batch moments from sums all-reduced over the ranks, with autograd
 through the all-reduce (`AllReduceSum`), so every rank normalizes by the global batch's moments and moves the same
-averages, and the gradients are the global batch's. `train` applies it. Dropout is not data-parallel-exact: each
-rank draws a mask for its own shard from the same seed state, not its rows of the global batch's mask; such models
-are not run here.
+averages, and the gradients are the global batch's. `train` applies it.
+
+Dropout: left to itself, each rank would draw a mask for its own shard from the same seed state, so every rank's
+rows would get the same pattern, and none the rows of the mask one process draws for the global batch. For seeded
+Dropouts that the torch loop can draw before the step (`loop.Draws`), every rank draws the global batch's masks, as
+one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. Another
+layer that draws (an unseeded Dropout, GaussianNoise) still draws per shard.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, num
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import _tensors, spec_loss
+from native.torch.loop import Draws, _forward, _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -106,16 +110,21 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
-    ddp = DistributedDataParallel(model, device_ids=[device] if device is not None else None)  # rank 0's weights
+    x, y = data.x_train, data.y_train
+    draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
+    module = WithMasks(model) if draws else model
+    ddp = DistributedDataParallel(module, device_ids=[device] if device is not None else None)  # rank 0's weights
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
-    x, y = data.x_train, data.y_train
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(y)))  # every target (n, 1), as the outputs
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            mine = order[rows][shard(slice(0, rows.stop - rows.start), rank, world)]
+            positions = shard(slice(0, rows.stop - rows.start), rank, world)  # this rank's rows of the batch
+            mine = order[rows][positions]
             xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
-            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / (rows.stop - rows.start))
+            masks = tuple(m[positions] for m in draws(rows.stop - rows.start)) if draws else ()
+            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / (rows.stop - rows.start),
+                              masks=masks)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here
             if clip:
@@ -126,11 +135,25 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     return model.get_weights()
 
 
-def shard_loss(forward, model, loss_fn, xb, yb, share: float):
+class WithMasks(torch.nn.Module):
+    """The Keras model's training call with its Dropouts' masks given (`loop._forward`), as the module DDP wraps:
+    its parameters are the model's."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, masks):
+        return _forward(self.model, x, training=True, masks=masks)
+
+
+def shard_loss(forward, model, loss_fn, xb, yb, share: float, masks=()):
     """A rank's loss: the mean loss of its rows plus the model's penalties, times `share` (its rows over the global
     batch's, times `world`), so that the ranks' average gradient is the global batch's (see above). `forward` is
-    the model, or DDP around it."""
-    loss = loss_fn(keras_inputs(yb), forward(keras_inputs(xb), training=True))
+    the model, or DDP around it (around `WithMasks` when `masks`, this rank's rows of the global batch's Dropout
+    masks, are given)."""
+    outputs = forward(keras_inputs(xb), masks) if masks else forward(keras_inputs(xb), training=True)
+    loss = loss_fn(keras_inputs(yb), outputs)
     return (loss + sum(model.losses) if model.losses else loss) * share
 
 

@@ -25,11 +25,14 @@ def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProc
                       env={"PYTHONPATH": str(REPO)})
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:mlp_l2", "keras_side.models:bn_mlp"])
+@pytest.mark.parametrize("build", ["keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
+                                   "keras_side.models:dropout_mlp"])
 def test_two_processes_end_where_one_ends(har, tmp_path, build):
-    """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), and one with
-    BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too). The HAR's
-    Dense layers are in both; `native-loops distributed` runs the HAR itself (tests/compare/test_distributed.py)."""
+    """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), one with
+    BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too), and one with a
+    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`; its seed state
+    compared too). The HAR's Dense layers are in all three; `native-loops distributed` runs the HAR itself
+    (tests/compare/test_distributed.py)."""
     har.save(tmp_path / "data.npz")
     proc = launch(tmp_path, build)
     assert proc.returncode == 0, proc.stderr[-3000:]
