@@ -3,14 +3,14 @@
     with convolution.as_matmuls():   # what native.jax.loop does around every call of the model
         pred, _ = model.stateless_call(trainable, non_trainable, x)
 
-XLA's CPU convolution is slow, forward and for the kernel's gradient (openxla/xla#34273 reports it 30 times slower
-than PyTorch's on a 3-D convolution). Written as one matmul over the input's patches, the zoo's `Conv1D(4, 5)` over
-22 days trains twice as fast in the fused scan (`native-loops bench --models conv1d`, alternating runs before and
-after: 140 and 151 ms against 75 and 76; docs/speed.md, "The Conv1D as a matmul in JAX"). The patches are what a GEMM-based convolution builds ("im2col"): row t holds the
-`width` input rows that output t reads, each channel of each, so output t is that row times the flattened kernel,
-every filter at once. It is the same products, summed in another order: within `CONV_AS_MATMUL_RTOL` of XLA's
-convolution, outputs and gradients (tested), not its bits. The patches hold `width` copies of the input, as a
-GEMM-based convolution's do.
+XLA's CPU convolution is slow, forward and for the kernel's gradient: written as one matmul over the input's patches,
+the zoo's `Conv1D(4, 5)` over 22 days trains twice as fast in the fused scan (`native-loops bench --models conv1d`,
+alternating runs before and after: 140 and 151 ms against 75 and 76; docs/speed.md, "The Conv1D as a matmul in JAX";
+openxla/xla#34273 is a related report, a convolution 30 times slower than PyTorch's). The patches are what a GEMM-based
+convolution builds ("im2col"): row t holds the `width` input rows that output t reads, each channel of each, so output t
+is that row times the flattened kernel, every filter at once. It is the same products, summed in another order: within
+`CONV_AS_MATMUL_RTOL` of XLA's convolution, outputs and gradients (tested), not its bits. The patches hold `width`
+copies of the input, as a GEMM-based convolution's do.
 
 `as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, which
 `keras.ops.conv` calls, and so `Conv1D`, `Conv2D`, `Conv3D` and a separable convolution's pointwise step; a
@@ -18,8 +18,8 @@ transposed or depthwise convolution has ops of its own) while any block runs: th
 the model, so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one group on
 a CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid"
 convolution); every other convolution goes to Keras's own, unchanged. The swap is process-wide: while one thread is
-inside a block, another thread's convolution is swapped too (blocks may nest and overlap across threads; Keras's
-own comes back when the last one ends).
+inside a block, another thread's convolution is swapped too (blocks may nest and overlap across threads; what was
+there before the first one opened comes back when the last one ends).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from keras.src.backend.jax import nn as keras_jax_nn
 _KERAS_CONV = keras_jax_nn.conv
 _LOCK = threading.Lock()
 _inside = 0  # blocks open, in every thread
+_before = None  # what the first of them found in place
 
 
 def _one(value) -> int | None:
@@ -80,14 +81,15 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
 @contextlib.contextmanager
 def as_matmuls():
     """While the block runs, Keras's JAX convolution is `conv1d_as_matmul` where that applies (module docstring)."""
-    global _inside
+    global _inside, _before
     with _LOCK:
+        if not _inside:
+            _before, keras_jax_nn.conv = keras_jax_nn.conv, _conv
         _inside += 1
-        keras_jax_nn.conv = _conv
     try:
         yield
     finally:
         with _LOCK:
             _inside -= 1
             if not _inside:
-                keras_jax_nn.conv = _KERAS_CONV
+                keras_jax_nn.conv = _before

@@ -28,8 +28,8 @@ averages, and the gradients are the global batch's. `train` applies it.
 Dropout: left to itself, each rank would draw a mask for its own shard from the same seed state, so every rank's
 rows would get the same pattern, and none the rows of the mask one process draws for the global batch. For seeded
 Dropouts that the torch loop can draw before the step (`loop.Draws`), every rank draws the global batch's masks, as
-one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. Another
-layer that draws (an unseeded Dropout, GaussianNoise) still draws per shard.
+one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. A model
+with any other layer that draws (an unseeded Dropout, GaussianNoise) is refused: every rank would draw alike.
 """
 from __future__ import annotations
 
@@ -107,11 +107,16 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     global batches."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
+    x, y = data.x_train, data.y_train
+    draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
+    random = [layer.name for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
+    if random and not draws:
+        raise SpecError(f"layer {random[0]!r} draws random numbers, which every rank would draw alike for its own rows "
+                        "under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout in a "
+                        "Sequential model (loop.Draws), or train in one process")
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
-    x, y = data.x_train, data.y_train
-    draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
     module = WithMasks(model) if draws else model
     ddp = DistributedDataParallel(module, device_ids=[device] if device is not None else None)  # rank 0's weights
     params = [p for p in model.parameters() if p.requires_grad]

@@ -13,7 +13,8 @@ with no non-trainable variables (`stateless`) the objective's gradient in one gr
 in, their gradients out into each `.grad`); for a model with moving statistics (BatchNorm) the batch loss in one
 graph and its backward graph from AOTAutograd, through autograd's engine. A seeded Dropout's masks are drawn before
 each step, as Keras draws them, and handed to the graph (`Draws`), so a model whose only state is its Dropouts'
-seeds is `stateless` too; a layer that draws any other way breaks the graph at each draw. The Keras-exact update
+seeds is `stateless` too. A Dropout they cannot be drawn for keeps Keras's own draw: unseeded, torch's own dropout
+inside the graph, with the compiled loss; seeded, a graph break at each draw. The Keras-exact update
 is compiled too (one kernel), and dynamo's guards are skipped once every batch shape is compiled
 (`guards_skipped`). It pays a one-off compile (seconds, reported apart) for a step faster than eager
 (docs/speed.md; the eager loop calls each layer's `call` where Keras's wrapper has nothing to do, `_bare`, which is
@@ -74,10 +75,12 @@ def _forward(model, x, training: bool, masks=()):
             else:
                 x = layer(x, training=training) if takes_training else layer(x)
         if masks:
-            raise SpecError(f"{len(masks)} Dropout masks were drawn for this model that no layer took")
+            raise RuntimeError(f"internal: Draws drew {len(masks)} more Dropout mask(s) than the model's layers took "
+                               "(a bug in native.torch.loop); train with compile=False meanwhile")
         return x
     if masks:
-        raise SpecError("Dropout masks were drawn for a model called layer by layer; this call is not")
+        raise RuntimeError("internal: Draws drew Dropout masks for a model this call does not run layer by layer (a "
+                           "bug in native.torch.loop); train with compile=False meanwhile")
     if bare and _own_graph(model):
         return _through_graph(model, x, training)
     return model(x, training=training)
@@ -372,9 +375,10 @@ class Draws:
     @classmethod
     def of(cls, model, x) -> Draws | None:
         """The model's Draws for inputs like `x` (arrays or tensors), or None."""
-        layers = in_order(model)
-        sample = keras_inputs(_tensors(take(x, slice(0, 1)), get_device()))
-        if layers is None or not _as_declared(model, sample):
+        layers, device = in_order(model), torch.device(get_device())
+        sample = keras_inputs(_tensors(take(x, slice(0, 1)), device))
+        on_device = all(p.device.type == device.type for p in model.parameters())  # where Keras draws its masks
+        if layers is None or not on_device or not _as_declared(model, sample):
             return None
         dropouts = [layer for layer, _ in layers if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
         drawing = [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]

@@ -90,10 +90,11 @@ def scan_alone(model, data, cfg):
     return loop.train(model, data, cfg.replace(validate=False), driver="scan")
 
 
-@pytest.mark.parametrize("name", ["bn_mlp", "dropout_mlp", "lstm", "har_recent", "two_horizons"])
+@pytest.mark.parametrize("name", ["bn_mlp", "dropout_mlp", "lstm", "conv1d", "har_recent", "two_horizons"])
 def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
     """3-D inputs (the LSTM), BatchNorm's statistics and Dropout's seed state carried per model, sample weights,
-    two outputs: what the walk-forward trainer could not take."""
+    two outputs: what the walk-forward trainer could not take. And a convolution, which every model computes as the
+    loop does (a matmul over the patches: `native.jax.convolution`), predictions too."""
     check_each_seed_trains_as_alone(jax_many, scan_alone, panel, name)
 
 

@@ -10,7 +10,7 @@ import torch
 from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
 from keras_side.config import keras_inputs, load_trained, shard, take
 from keras_side.determinism import seed_everything
-from keras_side.spec import TrainConfig, resolve
+from keras_side.spec import SpecError, TrainConfig, resolve
 from native.torch import ddp
 from native.torch import loop as torch_loop
 from tests.conftest import REPO
@@ -30,8 +30,8 @@ def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProc
 def test_two_processes_end_where_one_ends(har, tmp_path, build):
     """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), one with
     BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too), and one with a
-    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`; its seed state
-    compared too). The HAR's Dense layers are in all three; `native-loops distributed` runs the HAR itself
+    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`). The HAR's Dense
+    layers are in all three; `native-loops distributed` runs the HAR itself
     (tests/compare/test_distributed.py)."""
     har.save(tmp_path / "data.npz")
     proc = launch(tmp_path, build)
@@ -41,6 +41,17 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
     alone = torch_loop.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
     for a, b in zip(alone.weights, parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
+def test_a_model_whose_random_layer_every_rank_would_draw_alike_is_refused(har):
+    """GaussianNoise (or an unseeded Dropout) would draw the same noise on every rank for its own rows: refused, in
+    one line, before the process group is asked for anything."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.GaussianNoise(0.1, seed=1),
+                              keras.layers.Dense(1)])
+    with pytest.raises(SpecError, match="draws random numbers, which every rank would draw alike .* or train in one"):
+        ddp.train(model, har, TrainConfig(**SPEC))
 
 
 @pytest.mark.parametrize("name", ["mlp_l2", "two_horizons"])

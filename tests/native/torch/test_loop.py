@@ -341,7 +341,9 @@ def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates,
     it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, two."""
     seed_everything(0)
     model = build()
+    probed = _state(model)
     draws = torch_loop.Draws.of(model, np.zeros((2, *shape), np.float32))
+    assert all(np.array_equal(a, b) for a, b in zip(probed, _state(model)))  # its probe call moved no state
     assert [layer.rate for layer in draws.layers] == rates
     seeds = [layer.seed_generator.state for layer in draws.layers]
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, *shape)).astype(np.float32))
@@ -401,13 +403,13 @@ def test_draws_are_none_where_the_masks_are_not_drawn_as_a_seeded_dropout_draws_
     assert torch_loop.Draws.of(model, x) is None
 
 
-def test_masks_no_layer_takes_are_an_error(har):
+def test_masks_no_layer_takes_are_an_error():
     model = _first_dropout()
-    masks = torch_loop.Draws.of(model, har.x_train)(4)
+    masks = torch_loop.Draws.of(model, np.zeros((2, 3), np.float32))(4)
     x = torch.ones((4, 3))
-    with pytest.raises(SpecError, match="1 Dropout masks were drawn for this model that no layer took"):
+    with pytest.raises(RuntimeError, match="internal: Draws drew 1 more Dropout mask"):
         torch_loop._forward(model, x, training=True, masks=masks * 2)
-    with pytest.raises(SpecError, match="drawn for a model called layer by layer; this call is not"):
+    with pytest.raises(RuntimeError, match="for a model this call does not run layer by layer"):
         torch_loop._forward(model, torch.ones((4, 3), dtype=torch.float64), training=True, masks=masks)
 
 
