@@ -113,7 +113,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     if random and not draws:
         raise SpecError(f"layer {random[0]!r} draws random numbers, which every rank would draw alike for its own rows "
                         "under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout in a "
-                        "Sequential model (loop.Draws), or train in one process")
+                        "Sequential or Functional model (loop.Draws), or train in one process")
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK

@@ -74,16 +74,23 @@ def _forward(model, x, training: bool, masks=()):
                 x = direct(layer, x, training)
             else:
                 x = layer(x, training=training) if takes_training else layer(x)
-        if masks:
-            raise RuntimeError(f"internal: Draws drew {len(masks)} more Dropout mask(s) than the model's layers took "
-                               "(a bug in native.torch.loop); train with compile=False meanwhile")
-        return x
+        return _all_taken(x, masks)
+    if masks and _own_graph(model):
+        return _all_taken(_through_graph(model, x, training, bare=bare, masks=masks), masks)
     if masks:
         raise RuntimeError("internal: Draws drew Dropout masks for a model this call does not run layer by layer (a "
                            "bug in native.torch.loop); train with compile=False meanwhile")
     if bare and _own_graph(model):
         return _through_graph(model, x, training)
     return model(x, training=training)
+
+
+def _all_taken(outputs, masks: list):
+    """`outputs`, once every mask `Draws` drew has been taken by its Dropout."""
+    if masks:
+        raise RuntimeError(f"internal: Draws drew {len(masks)} more Dropout mask(s) than the model's layers took (a "
+                           "bug in native.torch.loop); train with compile=False meanwhile")
+    return outputs
 
 
 def _own_graph(model) -> bool:
@@ -95,15 +102,18 @@ def _own_graph(model) -> bool:
             and not any(layer._layers and not layer._call_has_training_arg for layer in model.layers))
 
 
-def _through_graph(model, x, training: bool):
+def _through_graph(model, x, training: bool, bare: bool = True, masks: list | None = None):
     """`Functional.call`: the inputs standardized and the graph run node by node by Keras's own runner
-    (`_run_through_graph`), with Keras's `operation_fn` (the training flag to every layer that takes it) but a
-    layer's `call` where its wrapper has nothing to do. two_horizons's eager step, 780 -> 474 µs (bench runs)."""
+    (`_run_through_graph`), with Keras's `operation_fn` (the training flag to every layer that takes it) but, when
+    `bare`, a layer's `call` where its wrapper has nothing to do. two_horizons's eager step, 780 -> 474 µs (bench
+    runs). `masks`: the Dropouts' masks `Draws` drew, taken in the runner's order, the order `Draws` found."""
     def operation(op):
         keras_call = functional.operation_fn(op, training=training)
 
         def call(*args, **kwargs):  # a node's recorded `training` is overridden by the runner's, as Keras does
-            direct = (len(args) == 1 and set(kwargs) <= {"training", "mask"} and kwargs.get("mask") is None
+            if masks and training and isinstance(op, keras.layers.Dropout) and op.rate > 0:
+                return _dropped(args[0], masks.pop(0), op.rate)
+            direct = (bare and len(args) == 1 and set(kwargs) <= {"training", "mask"} and kwargs.get("mask") is None
                       and _direct(op, args[0]))
             return direct(op, args[0], training) if direct else keras_call(*args, **kwargs)
 
@@ -363,10 +373,11 @@ class Draws:
     Each mask is drawn as Keras's seeded Dropout draws it, by Keras's own `torch_seed_generator` (which advances the
     layer's seed state as its call would) and `torch.bernoulli`, and applied as Keras applies it (`_dropped`): the
     same masks, the same outputs, the same seed states, to the bit (tested). `Draws.of(model, x)` is None unless
-    the model is called layer by layer on inputs like `x` (`in_order`, `_as_declared`: what `_forward` then does)
-    and its only layers that draw are Keras's own seeded Dropouts (a rate between 0 and 1, no noise shape) around
-    which `Layer.__call__` has nothing to do (no mask on the input, no cast, no activity regularizer, no hook:
-    `_idle_wrapper`, asked of each Dropout's input in an inference call of one row, which also gives its shape)."""
+    `_forward` calls the model layer by layer on inputs like `x` (a Sequential model's layers in order, or a
+    Functional model's graph by Keras's runner: `_dropout_inputs`) and its only layers that draw are Keras's own
+    seeded Dropouts (a rate between 0 and 1, no noise shape) around which `Layer.__call__` has nothing to do (no
+    mask on the input, no cast, no activity regularizer, no hook: `_idle_wrapper`, asked of each Dropout's input in
+    an inference call of one row, which also gives its shape). A Dropout called twice draws twice, in call order."""
 
     def __init__(self, layers: list, shapes: list[tuple[int, ...]]):
         """`layers`: the Dropouts in the order the model calls them; `shapes`: each one's input, but for the rows."""
@@ -375,31 +386,55 @@ class Draws:
     @classmethod
     def of(cls, model, x) -> Draws | None:
         """The model's Draws for inputs like `x` (arrays or tensors), or None."""
-        layers, device = in_order(model), torch.device(get_device())
+        device = torch.device(get_device())
+        if not all(p.device.type == device.type for p in model.parameters()):  # where Keras draws its masks
+            return None
         sample = keras_inputs(_tensors(take(x, slice(0, 1)), device))
-        on_device = all(p.device.type == device.type for p in model.parameters())  # where Keras draws its masks
-        if layers is None or not on_device or not _as_declared(model, sample):
-            return None
-        dropouts = [layer for layer, _ in layers if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
+        with torch.no_grad(), keras.StatelessScope():  # an inference call of one row: no state moves
+            found = _dropout_inputs(model, sample)
         drawing = [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
-        if not dropouts or any(layer not in dropouts for layer in drawing):
+        dropouts = [layer for layer, _ in found or ()]
+        if not dropouts or any(layer not in dropouts for layer in drawing) or not all(
+                type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
+                and layer.seed_generator._initial_seed is not None and _idle_wrapper(layer, inputs)
+                for layer, inputs in found):
             return None
-        shapes = []
-        with torch.no_grad(), keras.StatelessScope():  # the inputs Keras gives each layer; no state moves
-            for layer, takes_training in layers:
-                if layer in dropouts:
-                    if not (type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
-                            and layer.seed_generator._initial_seed is not None and _idle_wrapper(layer, sample)):
-                        return None
-                    shapes.append(tuple(sample.shape[1:]))
-                sample = layer(sample, training=False) if takes_training else layer(sample)
-        return cls(dropouts, shapes)
+        return cls(dropouts, [tuple(inputs.shape[1:]) for _, inputs in found])
 
     def __call__(self, rows: int) -> tuple[torch.Tensor, ...]:
         """One mask per Dropout for a batch of `rows`, each layer's seed state advanced by one draw."""
         return tuple(torch.bernoulli(torch.full((rows, *shape), 1.0 - layer.rate, device=get_device()),
                                      generator=torch_seed_generator(layer.seed_generator)).bool()
                      for layer, shape in zip(self.layers, self.shapes))
+
+
+def _dropout_inputs(model, x) -> list | None:
+    """`[(dropout, its input)]` in the order `_forward` calls the model's Dropouts (rate above 0) on `x`: a
+    Sequential model's layers one after another, or a Functional model's graph by Keras's runner (as `Layer.__call__`
+    gives them their inputs, in inference mode); None for a model `_forward` does not call layer by layer."""
+    found, is_dropout = [], lambda op: isinstance(op, keras.layers.Dropout) and op.rate > 0  # noqa: E731
+    layers = in_order(model)
+    if layers is not None and _as_declared(model, x):
+        for layer, takes_training in layers:
+            if is_dropout(layer):
+                found.append((layer, x))
+            x = layer(x, training=False) if takes_training else layer(x)
+        return found
+    if not _own_graph(model):
+        return None
+
+    def operation(op):
+        keras_call = functional.operation_fn(op, training=False)
+
+        def call(*args, **kwargs):
+            if is_dropout(op):
+                found.append((op, args[0]))
+            return keras_call(*args, **kwargs)
+
+        return call
+
+    model._run_through_graph(model._standardize_inputs(x), operation_fn=operation)
+    return found
 
 
 def _dropped(x, mask, rate: float):

@@ -333,12 +333,21 @@ def _sequence_dropout():
     return keras.Sequential([keras.Input((5, 2)), L.Dense(4), L.Dropout(0.25, seed=6), L.Flatten(), L.Dense(1)])
 
 
+def _functional_dropout():
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4)(inputs)
+    dropped = keras.layers.Dropout(0.3, seed=1)
+    return keras.Model(inputs, keras.layers.Dense(1)(dropped(hidden) + dropped(hidden)))  # one layer, two calls
+
+
 @pytest.mark.parametrize("build, rates, shape", [(_noisy_bn_dropout, [0.3, 0.5], (3,)),
                                                  (_first_dropout, [0.4], (3,)),
-                                                 (_sequence_dropout, [0.25], (5, 2))])
+                                                 (_sequence_dropout, [0.25], (5, 2)),
+                                                 (_functional_dropout, [0.3, 0.3], (3,))])
 def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates, shape):
     """#15: each mask drawn before the step is the one the layer's call would draw, applied as its call applies
-    it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, two."""
+    it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, two, and
+    one called twice in a Functional model's graph."""
     seed_everything(0)
     model = build()
     probed = _state(model)
@@ -358,26 +367,32 @@ def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates,
         assert all(not np.array_equal(a, np.array(s)) for a, s in zip(seeds_before, seeds))  # every seed moved
 
 
-def test_the_compiled_loop_draws_the_masks_outside_its_one_graph_with_batchnorm_too(har):
-    """A BatchNorm beside the Dropouts: the compiled loss and autograd (not `stateless`), one graph a batch shape,
-    the eager loop's weights and moving statistics."""
+@pytest.mark.parametrize("build, stateless", [(_noisy_bn_dropout, False), (_functional_dropout, True)])
+def test_the_compiled_loop_draws_the_masks_outside_its_one_graph(har, build, stateless):
+    """A BatchNorm beside the Dropouts (the compiled loss and autograd: not `stateless`), and a Functional model's
+    Dropout called twice (the compiled gradient): one graph a batch shape, the eager loop's weights (and moving
+    statistics)."""
     from torch._dynamo.utils import counters
 
     cfg = TrainConfig(epochs=2, validate=False)
     results = []
     for compile in (False, True):
         seed_everything(0)
-        model = _noisy_bn_dropout()
+        model = build()
         results.append(torch_loop.train(model, har, cfg, compile=compile))
-    assert not torch_loop.stateless(model, torch_loop.Draws.of(model, har.x_train))
+    assert torch_loop.stateless(model, torch_loop.Draws.of(model, har.x_train)) == stateless
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
 
 
-def _functional_dropout():
-    inputs = keras.Input((3,))
-    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dropout(0.3, seed=1)(inputs)))
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dropout, self.out = keras.layers.Dropout(0.3, seed=1), keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        return self.out(self.dropout(x, training=training))
 
 
 @pytest.mark.parametrize("build", [
@@ -386,14 +401,14 @@ def _functional_dropout():
     lambda L: [L.Dense(4), L.Dropout(0.3, seed=1), L.GaussianNoise(0.1, seed=2)],  # another layer that draws
     lambda L: [L.Dense(4), L.Dropout(0.3, seed=1, activity_regularizer="l2")],  # its wrapper adds a loss
     lambda L: [L.Dense(4)],  # nothing to draw
-    lambda L: "functional",  # not called layer by layer
+    lambda L: "subclassed",  # not called layer by layer
     lambda L: "masked",  # the Dropout's input carries a mask, which its wrapper would pass on
 ])
 def test_draws_are_none_where_the_masks_are_not_drawn_as_a_seeded_dropout_draws_them(build):
     L, x = keras.layers, np.zeros((2, 3), np.float32)
     layers = build(L)
-    if layers == "functional":
-        model = _functional_dropout()
+    if layers == "subclassed":
+        model = _Subclassed()
     elif layers == "masked":
         model = keras.Sequential([keras.Input((3,), dtype="int32"), L.Embedding(5, 2, mask_zero=True),
                                   L.Dropout(0.3, seed=1), L.GlobalAveragePooling1D(), L.Dense(1)])
