@@ -27,8 +27,11 @@ def close(got, want):
     np.testing.assert_allclose(got, want, rtol=0, atol=CONV_AS_MATMUL_RTOL * np.abs(want).max())
 
 
-@pytest.mark.parametrize("width,channels,stride,dilation,padding",
-                         itertools.product((1, 4, 5), (1, 3), (1, 3), (1, 2), ("valid", "same")))
+# Every width (4: "same" pads one more row after than before) with each padding, under three settings of channels,
+# stride and dilation that together take every value of each.
+@pytest.mark.parametrize("width,channels,stride,dilation,padding", [
+    (width, *setting, padding) for width, padding in itertools.product((1, 4, 5), ("valid", "same"))
+    for setting in ((1, 1, 1), (3, 3, 2), (3, 1, 2))])
 def test_conv1d_as_matmul_is_xlas_convolution_and_its_gradients(width, channels, stride, dilation, padding):
     rng = np.random.default_rng(width * 100 + channels * 10 + stride + dilation)
     x = jnp.asarray(rng.normal(size=(4, 22, channels)).astype(np.float32))
