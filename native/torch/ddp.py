@@ -53,7 +53,7 @@ from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, num
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import Draws, _forward, _tensors, spec_loss
+from native.torch.loop import Draws, _forward, _tensors, drawing_layers, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -109,11 +109,11 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     x, y = data.x_train, data.y_train
     draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
-    random = [layer.name for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
+    random = drawing_layers(model)
     if random and not draws:
-        raise SpecError(f"layer {random[0]!r} draws random numbers, which every rank would draw alike for its own rows "
-                        "under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout in a "
-                        "Sequential or Functional model (loop.Draws), or train in one process")
+        raise SpecError(f"layer {random[0].name!r} draws random numbers, which every rank would draw alike for its "
+                        "own rows under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout "
+                        "in a Sequential or Functional model (loop.Draws), or train in one process")
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK

@@ -66,7 +66,7 @@ def _forward(model, x, training: bool, masks=()):
     masks = list(masks)
     if layers is not None and _as_declared(model, x):
         for layer, takes_training in layers:
-            if masks and training and isinstance(layer, keras.layers.Dropout) and layer.rate > 0:
+            if masks and training and _drops(layer):
                 x = _dropped(x, masks.pop(0), layer.rate)  # `Draws` drew one for each such Dropout, in this order
                 continue
             direct = bare and _direct(layer, x)
@@ -111,7 +111,7 @@ def _through_graph(model, x, training: bool, bare: bool = True, masks: list | No
         keras_call = functional.operation_fn(op, training=training)
 
         def call(*args, **kwargs):  # a node's recorded `training` is overridden by the runner's, as Keras does
-            if masks and training and isinstance(op, keras.layers.Dropout) and op.rate > 0:
+            if masks and training and _drops(op):
                 return _dropped(args[0], masks.pop(0), op.rate)
             direct = (bare and len(args) == 1 and set(kwargs) <= {"training", "mask"} and kwargs.get("mask") is None
                       and _direct(op, args[0]))
@@ -392,9 +392,8 @@ class Draws:
         sample = keras_inputs(_tensors(take(x, slice(0, 1)), device))
         with torch.no_grad(), keras.StatelessScope():  # an inference call of one row: no state moves
             found = _dropout_inputs(model, sample)
-        drawing = [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
         dropouts = [layer for layer, _ in found or ()]
-        if not dropouts or any(layer not in dropouts for layer in drawing) or not all(
+        if not dropouts or any(layer not in dropouts for layer in drawing_layers(model)) or not all(
                 type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
                 and layer.seed_generator._initial_seed is not None and _idle_wrapper(layer, inputs)
                 for layer, inputs in found):
@@ -412,11 +411,10 @@ def _dropout_inputs(model, x) -> list | None:
     """`[(dropout, its input)]` in the order `_forward` calls the model's Dropouts (rate above 0) on `x`: a
     Sequential model's layers one after another, or a Functional model's graph by Keras's runner (as `Layer.__call__`
     gives them their inputs, in inference mode); None for a model `_forward` does not call layer by layer."""
-    found, is_dropout = [], lambda op: isinstance(op, keras.layers.Dropout) and op.rate > 0  # noqa: E731
-    layers = in_order(model)
+    found, layers = [], in_order(model)
     if layers is not None and _as_declared(model, x):
         for layer, takes_training in layers:
-            if is_dropout(layer):
+            if _drops(layer):
                 found.append((layer, x))
             x = layer(x, training=False) if takes_training else layer(x)
         return found
@@ -427,7 +425,7 @@ def _dropout_inputs(model, x) -> list | None:
         keras_call = functional.operation_fn(op, training=False)
 
         def call(*args, **kwargs):
-            if is_dropout(op):
+            if _drops(op):
                 found.append((op, args[0]))
             return keras_call(*args, **kwargs)
 
@@ -435,6 +433,16 @@ def _dropout_inputs(model, x) -> list | None:
 
     model._run_through_graph(model._standardize_inputs(x), operation_fn=operation)
     return found
+
+
+def _drops(layer) -> bool:
+    """A Keras Dropout that drops something when it trains (a rate above 0): the layers whose masks `Draws` draws."""
+    return isinstance(layer, keras.layers.Dropout) and layer.rate > 0
+
+
+def drawing_layers(model) -> list:
+    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator`."""
+    return [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
 
 
 def _dropped(x, mask, rate: float):
@@ -490,12 +498,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         draws = Draws.of(model, x)
         if stateless(model, draws):
             backward = compiled_gradient(model, loss_fn, draws)
-        elif draws:  # the Dropouts' masks drawn before the compiled step, which takes them as inputs
+        else:  # with Draws, the Dropouts' masks drawn before the compiled step, which takes them as inputs
             compiled = torch.compile(batch_loss)
-            drawn = lambda xb, yb, wb: compiled(xb, yb, wb, draws(len(xb)))  # noqa: E731
-            backward = _through_autograd(fresh_losses(model, drawn), optimizer)
-        else:
-            backward = _through_autograd(fresh_losses(model, torch.compile(batch_loss)), optimizer)
+            step = (lambda xb, yb, wb: compiled(xb, yb, wb, draws(len(xb)))) if draws else compiled
+            backward = _through_autograd(fresh_losses(model, step), optimizer)
     sizes = torch.tensor([rows.stop - rows.start for rows in batch_slices(data.n_train, cfg.batch_size)],
                          dtype=torch.float64)
     warm = False  # compiled in one graph, for every batch shape of the run (after the first epoch): guards skipped
