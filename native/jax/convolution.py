@@ -1,6 +1,7 @@
 """Keras's 1-D convolution as the JAX loop computes it on a CPU: one matmul over the input's patches.
 
-    with convolution.as_matmuls():   # what native.jax.loop does around every call of the model
+    pred, _ = convolution.stateless_call(model, trainable, non_trainable, x)   # every call of native.jax's trainers
+    with convolution.as_matmuls():                                              # or, around any code of yours
         pred, _ = model.stateless_call(trainable, non_trainable, x)
 
 XLA's CPU convolution is slow, forward and for the kernel's gradient: written as one matmul over the input's patches,
@@ -13,13 +14,13 @@ is that row times the flattened kernel, every filter at once. It is the same pro
 copies of the input, as a GEMM-based convolution's do.
 
 `as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, which
-`keras.ops.conv` calls, and so `Conv1D`, `Conv2D`, `Conv3D` and a separable convolution's pointwise step; a
-transposed or depthwise convolution has ops of its own) while any block runs: the JAX loop enters it where it calls
-the model, so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one group on
-a CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid"
+`keras.ops.conv` calls, and so `Conv1D`, `Conv2D`, `Conv3D` and a separable convolution's pointwise step; a transposed
+or depthwise convolution has ops of its own) while any block runs: the JAX loop enters it where it calls the model
+(`stateless_call`), so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one
+group on a CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid"
 convolution); every other convolution goes to Keras's own, unchanged. The swap is process-wide: while one thread is
-inside a block, another thread's convolution is swapped too (blocks may nest and overlap across threads; what was
-there before the first one opened comes back when the last one ends).
+inside a block, another thread's convolution is swapped too (blocks may nest and overlap across threads; what was there
+before the first one opened comes back when the last one ends).
 """
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
         return False
     reach = (kernel.shape[0] - 1) * dilation + 1
     return inputs.shape[-1] == kernel.shape[1] and (padding.lower() == "same" or inputs.shape[1] >= reach)
+
+
+def stateless_call(model, *args, **kwargs):
+    """Keras's `model.stateless_call`, its 1-D convolutions as matmuls (`as_matmuls`): how every JAX trainer of
+    this package calls the model, so that training, gradients and predictions compute a convolution alike."""
+    with as_matmuls():
+        return model.stateless_call(*args, **kwargs)
 
 
 @contextlib.contextmanager

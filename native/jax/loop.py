@@ -40,9 +40,8 @@ def make_loss(model, loss_fn, training: bool):
     `fit` minimizes."""
 
     def compute_loss(trainable, non_trainable, x, y, sample_weight=None):
-        with convolution.as_matmuls():
-            pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x),
-                                                               training=training, return_losses=True)
+        pred, non_trainable, losses = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x),
+                                                                 training=training, return_losses=True)
         loss = loss_fn(y, pred, sample_weight=sample_weight)
         return (loss + sum(losses) if losses else loss), (non_trainable, pred)
 
@@ -307,9 +306,8 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     y = keras_inputs(y)  # several targets: a tuple of arrays, one per output
 
     def batch_loss(trainable):
-        with convolution.as_matmuls():
-            pred, _, losses = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=training,
-                                                   return_losses=True)
+        pred, _, losses = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x),
+                                                     training=training, return_losses=True)
         value = jnp.mean((pred - y) ** 2) if loss is None else jnp.mean(loss(y, pred))
         return value + sum(losses) if losses else value
 
@@ -321,7 +319,6 @@ def predict(model, x) -> np.ndarray:
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
-    with convolution.as_matmuls():
-        pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)),
-                                       training=False)
+    pred, _ = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)),
+                                         training=False)
     return np.asarray(pred)

@@ -50,8 +50,7 @@ def masked_mse(model):
     """The mean squared error over the rows where mask is 1 (a model's window); zero for a batch with none."""
 
     def loss_fn(trainable, x, y, mask):
-        with convolution.as_matmuls():  # as the loop computes a convolution
-            pred, _ = model.stateless_call(trainable, [], x, training=True)
+        pred, _ = convolution.stateless_call(model, trainable, [], x, training=True)  # as the loop computes it
         return jnp.sum(mask[:, None] * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
 
     return loss_fn
@@ -160,10 +159,7 @@ def shuffle_key(cfg: TrainConfig) -> jax.Array:
 
 def predict_many(model, params, x) -> np.ndarray:
     """Each model's predictions on its own inputs: params stacked (groups, models, ...), x (groups, models, H, F)."""
-    def one(p, xm):
-        with convolution.as_matmuls():
-            return model.stateless_call(p, [], xm)[0]
-
+    one = lambda p, xm: convolution.stateless_call(model, p, [], xm)[0]  # noqa: E731
     return np.asarray(jax.jit(jax.vmap(jax.vmap(one)))(params, jnp.asarray(x)))
 
 
@@ -244,8 +240,7 @@ def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
     """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
     model axis (models, outputs, n, ...)."""
     def one(trainable, non_trainable):
-        with convolution.as_matmuls():  # as the loop that trained them computes a convolution
-            pred, _ = model.stateless_call(trainable, non_trainable, keras_inputs(x), training=False)
+        pred, _ = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x), training=False)
         return jnp.stack(pred, 0) if isinstance(pred, (list, tuple)) else pred
 
     x = jax.tree.map(jnp.asarray, x)
