@@ -1,5 +1,6 @@
 """native.jax.convolution: Keras's 1-D convolution as a matmul over the input's patches, what the JAX loop runs."""
 import itertools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -89,6 +90,19 @@ def test_blocks_that_end_out_of_order_keep_the_matmul_until_the_last_one_ends():
     assert keras_jax_nn.conv is not KERAS_CONV  # the second block still runs
     second.__exit__(None, None, None)
     assert keras_jax_nn.conv is KERAS_CONV
+
+
+def test_a_thread_outside_every_block_computes_kerass_convolution_while_another_is_inside(calls):
+    """The swap is process-wide while a block is open, the matmul only for code inside one: a thread outside every
+    block, started inside this thread's, computes Keras's own convolution, to the bit."""
+    layer, x = keras.layers.Conv1D(4, 5), np.random.default_rng(0).normal(size=(4, 22, 1)).astype(np.float32)
+    want, got = layer(x), {}
+    with convolution.as_matmuls():
+        thread = threading.Thread(target=lambda: got.update(y=layer(x)))
+        thread.start()
+        thread.join()
+    assert not calls
+    np.testing.assert_array_equal(np.asarray(got["y"]), np.asarray(want))
 
 
 def test_as_matmuls_gives_keras_its_convolution_back_after_an_error_and_keeps_its_empty_output_error():
