@@ -126,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", action=argparse.BooleanOptionalAction, default=True, help="also check fit under "
                    "Keras's own distribution, JAX and TensorFlow (default: yes; --no-fit: the native loops only)")
     p.add_argument("--model", default="har", help="a zoo model (default: %(default)s): har, mlp_l2, bn_mlp, lstm, "
-                   "conv1d, two_horizons, classifier, panel; dropout_mlp with --engines jax,torch")
+                   "conv1d, two_horizons, classifier, panel, dropout_mlp")
     p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("seeds", help="the model trained with many seeds at once on each engine: is the gap between "

@@ -394,10 +394,6 @@ def distributed(args: argparse.Namespace) -> int:
         why = (": its sample weights are not taken by the data-parallel loops" if args.model in zoo_matrix.ZOO
                else "")
         raise NativeLoopsError(f"--model must be one of {', '.join(dist.MODELS)}, got {args.model!r}{why}")
-    only, why = dist.ONLY_ON.get(args.model, (dist.ENGINES, ""))
-    if set(engines) - set(only):
-        raise NativeLoopsError(f"--model {args.model}: {why}, so only {' and '.join(only)} can end where one process "
-                               f"ends; pass --engines {','.join(only)}")
     epochs = dist.ZOO_EPOCHS if args.epochs is None and args.model != "har" else None
     cfg = train_config(args, epochs=epochs).replace(**{k: v for k, v in entry.spec.items() if k != "metrics"})
     panel, source = load(args)

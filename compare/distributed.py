@@ -41,15 +41,11 @@ from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 from native.torch.launch import torchrun_command
 
 ENGINES = ("torch", "jax", "tensorflow")
-# The zoo's models that data parallelism can train as one process does (docs/distributed.md): BatchNorm takes the
-# global batch's moments on every engine (synchronized); a seeded Dropout's mask is the global batch's in JAX's
-# sharded step and in torch's DDP loop (each rank its rows of it: `loop.Draws`), but each replica draws its own under
-# TensorFlow's MirroredStrategy, so a Dropout model is JAX's and torch's. Not har_recent: the data-parallel loops
-# take no sample weights.
+# The zoo's models that data parallelism can train as one process does (docs/distributed.md), on every engine: BatchNorm
+# takes the global batch's moments (synchronized); a seeded Dropout's mask is the global batch's, each rank or replica
+# applying its rows of it (JAX's sharded step; torch's `loop.Draws`; TensorFlow's `mirrored.global_dropout`). Not
+# har_recent: the data-parallel loops take no sample weights.
 MODELS = ("har", "mlp_l2", "bn_mlp", "lstm", "conv1d", "two_horizons", "classifier", "panel", "dropout_mlp")
-# A model, the engines whose data parallelism ends where one process ends, and why the others do not.
-ONLY_ON = {"dropout_mlp": (("jax", "torch"), "its Dropout draws each replica's own mask under tensorflow's "
-                                             "MirroredStrategy, not its rows of the global batch's")}
 # A zoo model's default epochs (the HAR's is the spec's 40). Measured: every check of the LSTM and the Conv1D within
 # DATA_PARALLEL_ATOL after 10 epochs (at most 8.6e-7), every other model's after 40. Past 10, the LSTM's fit under
 # DataParallel (by 20 epochs) and the Conv1D on torch (by 30) amplify float rounding past the tolerance, as far as a

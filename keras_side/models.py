@@ -169,6 +169,12 @@ def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
     return [layer for layer in model._flatten_layers() if isinstance(layer, layers.BatchNormalization)]
 
 
+def drawing_layers(model: keras.Model) -> list[layers.Layer]:
+    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator` (what data
+    parallelism must draw as one process would)."""
+    return [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
+
+
 def ensure_built(model: keras.Model, x) -> keras.Model:
     """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built)."""
     if not model.built or not model.weights:

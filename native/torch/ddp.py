@@ -50,10 +50,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.models import batchnorm_layers, drawing_layers
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import Draws, _forward, _tensors, drawing_layers, spec_loss
+from native.torch.loop import Draws, _forward, _tensors, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -63,8 +64,6 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("NATIVE_LOO
 def synchronize_batchnorm(model) -> int:
     """Every Keras BatchNormalization in `model` takes its batch moments over every rank's rows; returns how many.
     It replaces the layer's `_moments`, which Keras 3.15.1's `call` asks for the batch moments (a test pins that)."""
-    from keras_side.models import batchnorm_layers
-
     layers = batchnorm_layers(model)
     for layer in layers:
         layer._moments = types.MethodType(_global_moments, layer)

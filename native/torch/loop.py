@@ -41,7 +41,7 @@ from torch._dynamo.utils import counters
 from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
-from keras_side.models import ensure_built
+from keras_side.models import drawing_layers, ensure_built
 from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_loss, training_loss
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
@@ -438,11 +438,6 @@ def _dropout_inputs(model, x) -> list | None:
 def _drops(layer) -> bool:
     """A Keras Dropout that drops something when it trains (a rate above 0): the layers whose masks `Draws` draws."""
     return isinstance(layer, keras.layers.Dropout) and layer.rate > 0
-
-
-def drawing_layers(model) -> list:
-    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator`."""
-    return [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
 
 
 def _dropped(x, mask, rate: float):

@@ -49,9 +49,6 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
     (["--engines", "mxnet"], "unknown engine(s) mxnet"),
     (["--model", "resnet"], "--model must be one of har, mlp_l2, bn_mlp, lstm, conv1d, two_horizons, classifier"),
     (["--model", "har_recent"], "got 'har_recent': its sample weights are not taken by the data-parallel loops"),
-    (["--model", "dropout_mlp"], "own mask under tensorflow's MirroredStrategy, not its rows of the global batch's, so "
-                                 "only jax and torch can end where one process ends; pass --engines jax,torch"),
-    (["--model", "dropout_mlp", "--engines", "jax,tensorflow"], "pass --engines jax,torch"),
     (["--epochs", "100000"], "ask for at most"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):

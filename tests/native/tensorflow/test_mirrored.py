@@ -36,9 +36,11 @@ def gap(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp"])
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
+                                   "keras_side.models:dropout_mlp"])
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
-    """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch."""
+    """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch.
+    dropout_mlp: each replica applies its rows of the global batch's mask (`global_dropout`; without it, 3.0e-2)."""
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
@@ -56,6 +58,56 @@ def test_two_outputs_on_two_replicas_end_where_one_process_ends(panel, tmp_path)
     parallel = mirrored_run(data, tmp_path, entry.build, config=SPEC | spec)
     seed_everything(0)
     assert gap(loop.train(resolve(entry.build)(), data, CFG.replace(**spec)).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
+def lstm_with_dropouts():
+    """An LSTM cell's input dropout and a Dropout after it: two draws through Keras's dropout a step, one of them
+    inside the recurrence's layer. Built by the launched process too (`--build`)."""
+    import keras
+
+    from keras_side.models import SEQUENCE_DAYS
+
+    return keras.Sequential([keras.Input((SEQUENCE_DAYS, 1)), keras.layers.LSTM(4, dropout=0.3, seed=3),
+                             keras.layers.Dropout(0.2, seed=5), keras.layers.Dense(1)])
+
+
+def test_an_rnn_cells_dropout_on_two_replicas_ends_where_one_process_ends(panel, tmp_path):
+    from compare import data as har_data
+
+    data = har_data.prepare_kind(panel, "sequence")
+    build = "tests.native.tensorflow.test_mirrored:lstm_with_dropouts"
+    parallel = mirrored_run(data, tmp_path, build)
+    seed_everything(0)
+    assert gap(loop.train(lstm_with_dropouts(), data, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
+def test_global_dropout_is_keras_own_outside_a_strategy_and_restores_it():
+    """One replica (no strategy): the block changes nothing, to the bit, and puts Keras's dropout back, nested or
+    after an error."""
+    import keras
+    from keras.src.backend.tensorflow import random
+
+    keras_dropout, x = random.dropout, np.ones((6, 5), np.float32)
+    layer = keras.layers.Dropout(0.5, seed=1)
+    outside = layer(x, training=True)
+    layer.seed_generator.state.assign([1, 0])
+    with pytest.raises(RuntimeError), mirrored.global_dropout():
+        with mirrored.global_dropout():
+            assert random.dropout is not keras_dropout
+            np.testing.assert_array_equal(layer(x, training=True), outside)
+        raise RuntimeError
+    assert random.dropout is keras_dropout
+
+
+def test_a_layer_drawing_otherwise_is_refused(har):
+    """GaussianNoise draws with `random.normal`, which every replica would draw for its own rows."""
+    import keras
+
+    def noisy():
+        return keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1, seed=1), keras.layers.Dense(1)])
+
+    with pytest.raises(SpecError, match="'gaussian_noise' .GaussianNoise. draws random numbers"):
+        mirrored.train(noisy, har, CFG, ["/cpu:0"])
 
 
 def test_the_replicas_summed_gradient_is_the_global_batchs_penalties_included(har):
@@ -97,15 +149,17 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
         assert (gap(one, parallel) <= DATA_PARALLEL_ATOL) is within, gap(one, parallel)
 
 
-def test_fit_under_the_strategy_with_batchnorm_synchronized(har, tmp_path):
-    """`fit` under the strategy on a BatchNorm model (`fit_train` sets Keras's `synchronized=True`): the global
-    batch's moments on every replica, so equal to one process's plain `fit` when every batch splits evenly."""
+@pytest.mark.parametrize("build", ["keras_side.models:bn_mlp", "keras_side.models:dropout_mlp"])
+def test_fit_under_the_strategy_with_batchnorm_synchronized_and_global_dropout(har, tmp_path, build):
+    """`fit` under the strategy (`fit_train` sets Keras's `synchronized=True` and opens `global_dropout`): the global
+    batch's moments and Dropout mask on every replica, so equal to one process's plain `fit` when every batch splits
+    evenly."""
     from keras_side import fit
 
     even = whole_batches(har, SPEC["batch_size"], 2)
-    parallel = mirrored_run(even, tmp_path, "keras_side.models:bn_mlp", "--fit")
+    parallel = mirrored_run(even, tmp_path, build, "--fit")
     seed_everything(0)
-    assert gap(fit.train(resolve("keras_side.models:bn_mlp")(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+    assert gap(fit.train(resolve(build)(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
 def test_each_replica_computes_on_one_thread():
