@@ -28,13 +28,16 @@ averages, and the gradients are the global batch's. `train` applies it.
 Dropout: left to itself, each rank would draw a mask for its own shard from the same seed state, so every rank's
 rows would get the same pattern, and none the rows of the mask one process draws for the global batch. For seeded
 Dropouts that the torch loop can draw before the step (`loop.Draws`), every rank draws the global batch's masks, as
-one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. A model
-with any other layer that draws (an unseeded Dropout, GaussianNoise) is refused: every rank would draw alike.
+one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. The ranks
+compare a digest of their first step's masks (`check_same_draws`): ranks on GPUs of different models could draw
+otherwise from one seed. A model with any other layer that draws (an unseeded Dropout, GaussianNoise) is refused:
+every rank would draw alike.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -121,12 +124,19 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(y)))  # every target (n, 1), as the outputs
+    checked = False  # that every rank drew the first step's masks alike
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
         for rows in batch_slices(data.n_train, cfg.batch_size):
             positions = shard(slice(0, rows.stop - rows.start), rank, world)  # this rank's rows of the batch
             mine = order[rows][positions]
             xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
-            masks = tuple(m[positions] for m in draws(rows.stop - rows.start)) if draws else ()
+            masks = ()
+            if draws:
+                drawn = draws(rows.stop - rows.start)
+                if not checked:
+                    check_same_draws(drawn)
+                    checked = True
+                masks = tuple(m[positions] for m in drawn)
             loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / (rows.stop - rows.start),
                               masks=masks)
             optimizer.zero_grad(set_to_none=True)
@@ -137,6 +147,19 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
             if scheduler:
                 scheduler.step()
     return model.get_weights()
+
+
+def check_same_draws(masks) -> None:
+    """Every rank drew the same global masks, compared once by a digest: ranks on devices of different models can
+    draw different numbers from one seed state (torch's CUDA sampling kernels map elements to random streams by a grid
+    capped by the device's SM count: pytorch/pytorch#196613), and each would then take its rows of another mask."""
+    digest = hashlib.sha256(b"".join(m.cpu().numpy().tobytes() for m in masks)).hexdigest()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, digest)
+    differ = [rank for rank, d in enumerate(every) if d != every[0]]
+    if differ:
+        raise RuntimeError(f"rank {', '.join(map(str, differ))} drew other Dropout masks than rank 0 from the same seed "
+                           "state (devices of different models can); train on devices of one model, or in one process")
 
 
 class WithMasks(torch.nn.Module):

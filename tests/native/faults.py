@@ -21,6 +21,17 @@ def compiled_har():
     return model
 
 
+def draws_otherwise_in_the_second_process():
+    """dropout_mlp, except that in the second process `torch.bernoulli` keeps what it drops: a rank whose device draws
+    otherwise from the same seed state, as a GPU of another model can."""
+    if _second_process():
+        import torch
+
+        bernoulli = torch.bernoulli
+        torch.bernoulli = lambda *args, **kwargs: 1.0 - bernoulli(*args, **kwargs)
+    return models.dropout_mlp()
+
+
 def _second_process() -> bool:
     if keras.config.backend() == "jax":
         import jax

@@ -96,6 +96,16 @@ def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path, buil
     assert faults.processes_naming(tmp_path) == []
 
 
+def test_ranks_that_draw_other_masks_end_the_launch_and_write_nothing(har, tmp_path):
+    """Rank 1's `torch.bernoulli` draws otherwise (a GPU of another model could): the first step's digests differ,
+    every rank stops with the same one line, and no weights are written."""
+    har.save(tmp_path / "data.npz")
+    proc = launch(tmp_path, "tests.native.faults:draws_otherwise_in_the_second_process")
+    assert proc.returncode != 0
+    assert "rank 1 drew other Dropout masks than rank 0 from the same seed state" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "weights.npz").exists()
+
+
 @pytest.mark.parametrize("size, world, shards", [(63, 2, [32, 31]), (100, 2, [50, 50]), (5, 3, [2, 2, 1])])
 def test_a_global_batch_is_cut_into_contiguous_shards(size, world, shards):
     cut = [shard(slice(0, size), r, world) for r in range(world)]
