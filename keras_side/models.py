@@ -170,9 +170,10 @@ def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
 
 
 def drawing_layers(model: keras.Model) -> list[layers.Layer]:
-    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator` (what data
-    parallelism must draw as one process would)."""
-    return [layer for layer in model._flatten_layers(include_self=False) if layer._seed_generators]
+    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator`, the model
+    itself included (a subclassed model drawing in its own `call`): what data parallelism must draw as one process
+    would."""
+    return [layer for layer in model._flatten_layers(include_self=True) if layer._seed_generators]
 
 
 def ensure_built(model: keras.Model, x) -> keras.Model:

@@ -18,28 +18,27 @@ copies of the input, as a GEMM-based convolution's do.
 or depthwise convolution has ops of its own) while any block runs: the JAX loop enters it where it calls the model
 (`stateless_call`), so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one
 group on a CPU, with any width, stride, dilation and padding ("causal" is Conv1D's own padding before a "valid"
-convolution); every other convolution goes to Keras's own, unchanged. Only code inside a block computes the matmul:
-the function is swapped process-wide while any block is open (blocks may nest and overlap across threads; what was
-there before the first one opened comes back when the last one ends), but it computes the matmul only where a
-`contextvars` flag says its caller is inside one, so another thread (a thread started inside a block too) gets Keras's
-own convolution meanwhile.
+convolution); every other convolution goes to Keras's own, unchanged. Only code inside a block computes the matmul: the
+function is swapped process-wide while any block is open (`keras_side.swap`: blocks may nest and overlap across
+threads), but it computes the matmul only where a `contextvars` depth says its caller is inside one, so another thread
+(a thread started inside a block too) gets Keras's own convolution meanwhile; an asyncio task or a
+`contextvars.copy_context()` made inside a block is inside it. This holds when a program is traced: a `jax.jit` traced
+inside a block keeps the matmul in its compiled program, called from anywhere, as every trainer of this package traces
+its step inside one.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 
 import jax
 import jax.numpy as jnp
 from keras.src.backend import standardize_data_format, standardize_dtype
 from keras.src.backend.jax import nn as keras_jax_nn
 
-_KERAS_CONV = keras_jax_nn.conv
-_LOCK = threading.Lock()
-_inside = 0  # blocks open, in every thread
-_before = None  # what the first of them found in place
-_depth = contextvars.ContextVar("as_matmuls_depth", default=0)  # blocks open in this thread (or task)
+from keras_side import swap
+
+_depth = contextvars.ContextVar("as_matmuls_depth", default=0)  # blocks open in this thread's context
 
 
 def _one(value) -> int | None:
@@ -64,10 +63,10 @@ def conv1d_as_matmul(inputs, kernel, strides: int, padding: str, dilation: int):
 
 
 def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-    """Keras's `conv` signature: `conv1d_as_matmul` inside a block where it applies, else Keras's own convolution."""
-    if _depth.get() and _applies(inputs, kernel, _one(strides), padding, data_format, _one(dilation_rate)):
+    """Keras's `conv` signature: `conv1d_as_matmul` inside a block where it applies, else what was in place."""
+    if _depth.get() > 0 and _applies(inputs, kernel, _one(strides), padding, data_format, _one(dilation_rate)):
         return conv1d_as_matmul(jnp.asarray(inputs), jnp.asarray(kernel), _one(strides), padding, _one(dilation_rate))
-    return _KERAS_CONV(inputs, kernel, strides, padding, data_format, dilation_rate)
+    return swap.before(keras_jax_nn, "conv")(inputs, kernel, strides, padding, data_format, dilation_rate)
 
 
 def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
@@ -93,17 +92,9 @@ def stateless_call(model, *args, **kwargs):
 @contextlib.contextmanager
 def as_matmuls():
     """While the block runs, Keras's JAX convolution is `conv1d_as_matmul` where that applies (module docstring)."""
-    global _inside, _before
-    with _LOCK:
-        if not _inside:
-            _before, keras_jax_nn.conv = keras_jax_nn.conv, _conv
-        _inside += 1
-    _depth.set(_depth.get() + 1)
-    try:
-        yield
-    finally:
-        _depth.set(_depth.get() - 1)
-        with _LOCK:
-            _inside -= 1
-            if not _inside:
-                keras_jax_nn.conv = _before
+    with swap.swapped(keras_jax_nn, "conv", _conv):
+        _depth.set(_depth.get() + 1)
+        try:
+            yield
+        finally:
+            _depth.set(_depth.get() - 1)

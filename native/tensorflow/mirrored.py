@@ -23,15 +23,21 @@ epochs without it). `synchronize_batchnorm` turns it on in a built model; `train
 A Dropout, left to the strategy, draws on every replica the mask of its own shard's shape from the same seed state:
 one pattern repeated, not the global batch's (measured on `dropout_mlp`: 3.0e-2 from one process after 2 epochs).
 Keras draws it statelessly (`tf.nn.experimental.stateless_dropout`, the seed from the layer's `SeedGenerator`), so the
-global batch's mask depends only on the seed and the global shape: under `global_dropout` each replica pads its rows
-to the global batch (its offset from an all-gather of every replica's rows), lets Keras draw, and keeps its rows.
-It holds for every draw through Keras's dropout over rows of the batch (Dropout and SpatialDropout, an RNN cell's
-dropout masks, Attention's; tested: a Dropout, and an LSTM's `dropout` before one); a layer that draws otherwise
-(GaussianNoise, GaussianDropout, AlphaDropout) is refused. `train` and `fit_train` apply it.
+global batch's mask depends only on the seed and the global shape: under `rows_of_global_batch`, opened at the top of
+each replica's step, each replica pads its rows to the global batch (its offset from an all-gather of every replica's
+rows), lets Keras draw, and keeps its rows. That takes an all-gather a step, and a global batch's mask on every
+replica for each Dropout call (the all-gather at the top, not in each call: an RNN's masks are drawn inside its
+loop, where a collective cannot run). It assumes what Keras's
+Dropout and an RNN cell's dropout masks satisfy (tested: a Dropout, an LSTM's `dropout` and `recurrent_dropout`):
+axis 0 of what is dropped is the replica's rows of the batch. A layer that draws otherwise (GaussianNoise,
+GaussianDropout, AlphaDropout, a SpatialDropout, whose noise shape is its own rows', a model drawing in its own `call`)
+is refused; a custom layer of yours that calls Keras's dropout on a tensor whose axis 0 is not the batch (time-major,
+a weight) is not detected. `train` and `fit_train` apply it.
 """
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,10 +45,11 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow import random as keras_tf_random
 
-from keras_side import cores
+from keras_side import cores, swap
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
-from keras_side.models import drawing_layers, ensure_built
+from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_loss, keras_optimizer
 
 
@@ -65,8 +72,6 @@ def use_cpus(replicas: int) -> list[str]:
 
 def synchronize_batchnorm(model) -> int:
     """Every BatchNormalization in `model` takes the global batch's moments under a strategy; returns how many."""
-    from keras_side.models import batchnorm_layers
-
     layers = batchnorm_layers(model)
     for layer in layers:
         layer.synchronized = True
@@ -74,42 +79,57 @@ def synchronize_batchnorm(model) -> int:
 
 
 def refuse_other_draws(model) -> None:
-    """A SpecError for a layer that draws random numbers other than through Keras's dropout (`global_dropout`)."""
+    """A SpecError for a layer that draws random numbers other than through Keras's dropout over the replica's rows
+    of the batch (what `rows_of_global_batch` makes the global batch's): anything but a Dropout with no spatial noise
+    shape or an RNN cell's dropout."""
+    from keras.src.layers.regularization.spatial_dropout import BaseSpatialDropout
     from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 
     for layer in drawing_layers(model):
-        if not isinstance(layer, (keras.layers.Dropout, keras.layers.Attention, DropoutRNNCell)):
+        if isinstance(layer, BaseSpatialDropout) or not isinstance(layer, (keras.layers.Dropout, DropoutRNNCell)):
             raise SpecError(f"layer {layer.name!r} ({type(layer).__name__}) draws random numbers that every replica "
-                            "would draw for its own rows, not its rows of the global batch's; use Keras's Dropout, or "
-                            "train in one process")
+                            "would draw for its own rows, not its rows of the global batch's; use "
+                            "keras.layers.Dropout, or train in one process")
+
+
+_replica = threading.local()  # `.window`: (this replica's first row, the global batch's rows) while a block is open
+
+
+def _global_dropout(inputs, rate, noise_shape=None, seed=None):
+    """Keras's `dropout` signature: inside a replica's `rows_of_global_batch`, the global batch's mask drawn and this
+    replica's rows of it applied to `inputs` (its rows); elsewhere, what was in place."""
+    window = getattr(_replica, "window", None)
+    if window is None or rate in (0.0, 1.0):  # outside a replica's block, or nothing drawn
+        return swap.before(keras_tf_random, "dropout")(inputs, rate, noise_shape=noise_shape, seed=seed)
+    start, total = window
+    inputs = tf.convert_to_tensor(inputs)
+    rows = tf.shape(inputs)[0]
+    padding = [[start, total - start - rows]] + [[0, 0]] * (inputs.shape.rank - 1)
+    dropped = swap.before(keras_tf_random, "dropout")(tf.pad(inputs, padding), rate, noise_shape=noise_shape, seed=seed)
+    return dropped[start:start + rows]
 
 
 @contextmanager
-def global_dropout():
-    """While open, Keras's dropout on a replica of a strategy draws the global batch's mask (the one a process
-    training on the whole batch draws, from the same seed state) and applies its own rows of it: the replicas hold
-    contiguous shards of the global batch, in replica order. Elsewhere (one replica, the cross-replica context),
-    Keras's own. Process-wide while open; nested blocks restore what they found."""
-    from keras.src.backend.tensorflow import random
-
-    keras_dropout = random.dropout
-
-    def dropout(inputs, rate, noise_shape=None, seed=None):
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync == 1:
-            return keras_dropout(inputs, rate, noise_shape=noise_shape, seed=seed)
-        inputs = tf.convert_to_tensor(inputs)
-        rows = tf.shape(inputs)[:1]
-        every = context.all_gather(rows, axis=0)  # each replica's rows, in replica order
-        start = tf.reduce_sum(every[:context.replica_id_in_sync_group])
-        padding = [[start, tf.reduce_sum(every) - start - rows[0]]] + [[0, 0]] * (inputs.shape.rank - 1)
-        return keras_dropout(tf.pad(inputs, padding), rate, noise_shape=noise_shape, seed=seed)[start:start + rows[0]]
-
-    random.dropout = dropout
-    try:
+def rows_of_global_batch(x):
+    """Open at the top of a replica's step, around its forward, with `x` its inputs (its rows of the global batch):
+    while open, Keras's dropout in this replica's thread draws the global batch's mask (the one a process training
+    on the whole batch draws, from the same seed state) and applies this replica's rows of it. One all-gather of
+    every replica's rows gives its place: the replicas hold contiguous shards of the global batch in replica order
+    (`keras_side.config.shard`; Keras's distributed dataset cuts a batch so too). Outside a strategy of several
+    replicas, nothing changes. The swap is process-wide while any block is open (`keras_side.swap`), the window this
+    thread's; what a `tf.function` traced inside a block computes stays in its graph."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
         yield
-    finally:
-        random.dropout = keras_dropout
+        return
+    every = context.all_gather(tf.shape(tf.nest.flatten(x)[0])[:1], axis=0)  # each replica's rows, in replica order
+    outer = getattr(_replica, "window", None)
+    with swap.swapped(keras_tf_random, "dropout", _global_dropout):
+        _replica.window = tf.reduce_sum(every[:context.replica_id_in_sync_group]), tf.reduce_sum(every)
+        try:
+            yield
+        finally:
+            _replica.window = outer
 
 
 def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None) -> list[np.ndarray]:
@@ -126,7 +146,8 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     with strategy.scope():
         model = ensure_built(build(), data.x_train)
         synchronize_batchnorm(model)
-        refuse_other_draws(model)
+        if replicas > 1:
+            refuse_other_draws(model)
         if init is not None:
             model.set_weights(init)
         optimizer = keras_optimizer(cfg)
@@ -137,22 +158,21 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     @tf.function
     def step(x, y, global_size):
         def replica(xb, yb):
-            with tf.GradientTape() as tape:
+            with rows_of_global_batch(xb), tf.GradientTape() as tape:
                 loss = shard_loss(model, summed, xb, yb, global_size)
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
             return loss
 
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(x, y)), axis=None)
 
-    with global_dropout():
-        for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
-            for rows in batch_slices(data.n_train, cfg.batch_size):
-                idx, size = order[rows], rows.stop - rows.start
-                parts = [idx[shard(slice(0, size), r, replicas)] for r in range(replicas)]
-                x, y = (strategy.experimental_distribute_values_from_function(
-                    lambda ctx, a=a: tf.nest.map_structure(tf.constant, keras_inputs(take(
-                        a, parts[ctx.replica_id_in_sync_group])))) for a in (data.x_train, data.y_train))
-                step(x, y, tf.constant(size, tf.float32))
+    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            idx, size = order[rows], rows.stop - rows.start
+            parts = [idx[shard(slice(0, size), r, replicas)] for r in range(replicas)]
+            x, y = (strategy.experimental_distribute_values_from_function(
+                lambda ctx, a=a: tf.nest.map_structure(tf.constant, keras_inputs(take(
+                    a, parts[ctx.replica_id_in_sync_group])))) for a in (data.x_train, data.y_train))
+            step(x, y, tf.constant(size, tf.float32))
     return model.get_weights()
 
 
@@ -196,8 +216,14 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
         if len(devices) > 1:
             synchronize_batchnorm(model)
             refuse_other_draws(model)
-        with global_dropout():
-            fit.train(model, data, cfg)
+            keras_step = model.train_step
+
+            def train_step(data):  # Keras's step on each replica, its Dropouts drawing the global batch's masks
+                with rows_of_global_batch(data):
+                    return keras_step(data)
+
+            model.train_step = train_step
+        fit.train(model, data, cfg)
     return model.get_weights()
 
 

@@ -80,18 +80,6 @@ def test_as_matmuls_takes_one_group_float32_1d_convolutions_and_leaves_the_rest_
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # Keras's own convolution, to the bit
 
 
-def test_blocks_that_end_out_of_order_keep_the_matmul_until_the_last_one_ends():
-    """Two threads' blocks: the first to open ends first, the other still inside (a swap that restored what its own
-    block found would give Keras's convolution back too early, then leave the matmul behind)."""
-    first, second = convolution.as_matmuls(), convolution.as_matmuls()
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)
-    assert keras_jax_nn.conv is not KERAS_CONV  # the second block still runs
-    second.__exit__(None, None, None)
-    assert keras_jax_nn.conv is KERAS_CONV
-
-
 def test_a_thread_outside_every_block_computes_kerass_convolution_while_another_is_inside(calls):
     """The swap is process-wide while a block is open, the matmul only for code inside one: a thread outside every
     block, started inside this thread's, computes Keras's own convolution, to the bit."""

@@ -40,7 +40,8 @@ def gap(a, b) -> float:
                                    "keras_side.models:dropout_mlp"])
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
     """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch.
-    dropout_mlp: each replica applies its rows of the global batch's mask (`global_dropout`; without it, 3.0e-2)."""
+    dropout_mlp: each replica applies its rows of the global batch's mask (`rows_of_global_batch`; without it,
+    3.0e-2)."""
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
@@ -61,17 +62,18 @@ def test_two_outputs_on_two_replicas_end_where_one_process_ends(panel, tmp_path)
 
 
 def lstm_with_dropouts():
-    """An LSTM cell's input dropout and a Dropout after it: two draws through Keras's dropout a step, one of them
-    inside the recurrence's layer. Built by the launched process too (`--build`)."""
+    """An LSTM cell's input and recurrent dropouts and a Dropout after it: three draws through Keras's dropout a step,
+    two of them inside the recurrence's layer. Built by the launched process too (`--build`)."""
     import keras
 
     from keras_side.models import SEQUENCE_DAYS
 
-    return keras.Sequential([keras.Input((SEQUENCE_DAYS, 1)), keras.layers.LSTM(4, dropout=0.3, seed=3),
+    return keras.Sequential([keras.Input((SEQUENCE_DAYS, 1)),
+                             keras.layers.LSTM(4, dropout=0.3, recurrent_dropout=0.2, seed=3),
                              keras.layers.Dropout(0.2, seed=5), keras.layers.Dense(1)])
 
 
-def test_an_rnn_cells_dropout_on_two_replicas_ends_where_one_process_ends(panel, tmp_path):
+def test_an_rnn_cells_dropouts_on_two_replicas_end_where_one_process_ends(panel, tmp_path):
     from compare import data as har_data
 
     data = har_data.prepare_kind(panel, "sequence")
@@ -81,9 +83,88 @@ def test_an_rnn_cells_dropout_on_two_replicas_ends_where_one_process_ends(panel,
     assert gap(loop.train(lstm_with_dropouts(), data, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
-def test_global_dropout_is_keras_own_outside_a_strategy_and_restores_it():
-    """One replica (no strategy): the block changes nothing, to the bit, and puts Keras's dropout back, nested or
-    after an error."""
+# Dropouts on 2 replicas (`two_replicas`): (case, Dropout's arguments, `rows_of_global_batch` blocks around the call).
+MASK_CASES = [("a Dropout", {}, 1), ("nested blocks", {}, 2), ("noise shape (None, 1, None)",
+              {"noise_shape": (None, 1, None)}, 1), ("noise shape (1, 1, 4)", {"noise_shape": (1, 1, 4)}, 1),
+              ("rate 1", {"rate": 1.0}, 1)]
+
+
+def two_replicas(data_path: str) -> None:
+    """Run in a process of its own (TensorFlow splits the CPU only before its runtime starts). Prints, as JSON, for
+    each of MASK_CASES whether 2 replicas' outputs, put together, are to the bit what one process's Dropout gives on
+    the whole batch, at two steps; and what `train` and `fit_train` say of a model that draws otherwise."""
+    import contextlib
+
+    devices = mirrored.use_cpus(2)
+    import keras
+    import tensorflow as tf
+
+    from keras_side.config import HarData
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    x = np.random.default_rng(0).uniform(1, 2, size=(7, 3, 4)).astype(np.float32)  # 7 rows: 4 and 3
+    parts = [x[shard(slice(0, 7), r, 2)] for r in range(2)]
+    found = {}
+    for name, kwargs, blocks in MASK_CASES:
+        kwargs = dict(kwargs)
+        rate = kwargs.pop("rate", 0.5)
+        alone = keras.layers.Dropout(rate, seed=3, **kwargs)
+        with strategy.scope():
+            layer = keras.layers.Dropout(rate, seed=3, **kwargs)
+
+        def replica(xb, layer=layer, blocks=blocks):
+            with contextlib.ExitStack() as stack:
+                for _ in range(blocks):
+                    stack.enter_context(mirrored.rows_of_global_batch(xb))
+                return layer(xb, training=True)
+
+        xs = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+        step = tf.function(lambda xs, replica=replica: strategy.run(replica, args=(xs,)))
+        equal = []
+        for _ in range(2):  # the seed state moves alike
+            got = np.concatenate([t.numpy() for t in strategy.experimental_local_results(step(xs))])
+            equal.append(bool(np.array_equal(got, alone(x, training=True).numpy())))
+        found[name] = all(equal)
+
+    def noisy():
+        return keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1, seed=1), keras.layers.Dense(1)])
+
+    def spatial():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Reshape((3, 1)),
+                                 keras.layers.SpatialDropout1D(0.2, seed=1), keras.layers.Flatten(),
+                                 keras.layers.Dense(1)])
+
+    data = HarData.load(data_path)
+    for build in (noisy, spatial):
+        for train in (mirrored.train, mirrored.fit_train):
+            try:
+                train(build, data, CFG, devices)
+                found[f"{build.__name__} {train.__name__}"] = None
+            except SpecError as error:
+                found[f"{build.__name__} {train.__name__}"] = str(error)
+    print(json.dumps(found))
+
+
+def test_on_two_replicas_each_applies_its_rows_of_one_processs_mask_and_other_draws_are_refused(har, tmp_path):
+    """Each replica's rows of the global batch's mask (7 rows over 2 replicas: 4 and 3), with blocks nested, noise
+    shapes, a rate of 1; GaussianNoise and SpatialDropout1D (whose noise shape is its own rows') refused by the loop
+    and by fit under the strategy, in one line."""
+    har.save(tmp_path / "data.npz")
+    code = f"from tests.native.tensorflow.test_mirrored import two_replicas; two_replicas({str(tmp_path / 'data.npz')!r})"
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {name: found.pop(name) for name, _, _ in MASK_CASES} == {name: True for name, _, _ in MASK_CASES}
+    assert found.keys() == {f"{b} {t}" for b in ("noisy", "spatial") for t in ("train", "fit_train")}
+    for key, message in found.items():
+        layer = "GaussianNoise" if key.startswith("noisy") else "SpatialDropout1D"
+        assert f"({layer}) draws random numbers that every replica would draw" in message and "\n" not in message
+
+
+def test_outside_a_strategy_of_several_replicas_nothing_changes():
+    """One replica (no strategy): Keras's dropout stays in place and draws its own mask, to the bit."""
     import keras
     from keras.src.backend.tensorflow import random
 
@@ -91,23 +172,9 @@ def test_global_dropout_is_keras_own_outside_a_strategy_and_restores_it():
     layer = keras.layers.Dropout(0.5, seed=1)
     outside = layer(x, training=True)
     layer.seed_generator.state.assign([1, 0])
-    with pytest.raises(RuntimeError), mirrored.global_dropout():
-        with mirrored.global_dropout():
-            assert random.dropout is not keras_dropout
-            np.testing.assert_array_equal(layer(x, training=True), outside)
-        raise RuntimeError
-    assert random.dropout is keras_dropout
-
-
-def test_a_layer_drawing_otherwise_is_refused(har):
-    """GaussianNoise draws with `random.normal`, which every replica would draw for its own rows."""
-    import keras
-
-    def noisy():
-        return keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1, seed=1), keras.layers.Dense(1)])
-
-    with pytest.raises(SpecError, match="'gaussian_noise' .GaussianNoise. draws random numbers"):
-        mirrored.train(noisy, har, CFG, ["/cpu:0"])
+    with mirrored.rows_of_global_batch(x):
+        assert random.dropout is keras_dropout
+        np.testing.assert_array_equal(layer(x, training=True), outside)
 
 
 def test_the_replicas_summed_gradient_is_the_global_batchs_penalties_included(har):
@@ -150,10 +217,10 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
 
 
 @pytest.mark.parametrize("build", ["keras_side.models:bn_mlp", "keras_side.models:dropout_mlp"])
-def test_fit_under_the_strategy_with_batchnorm_synchronized_and_global_dropout(har, tmp_path, build):
-    """`fit` under the strategy (`fit_train` sets Keras's `synchronized=True` and opens `global_dropout`): the global
-    batch's moments and Dropout mask on every replica, so equal to one process's plain `fit` when every batch splits
-    evenly."""
+def test_fit_under_the_strategy_with_batchnorm_synchronized_and_dropout(har, tmp_path, build):
+    """`fit` under the strategy (`fit_train` sets Keras's `synchronized=True`, and its step opens
+    `rows_of_global_batch`): the global batch's moments and Dropout mask on every replica, so equal to one process's
+    plain `fit` when every batch splits evenly."""
     from keras_side import fit
 
     even = whole_batches(har, SPEC["batch_size"], 2)
