@@ -170,10 +170,20 @@ def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
 
 
 def drawing_layers(model: keras.Model) -> list[layers.Layer]:
-    """The model's layers that draw random numbers when they train: those holding a Keras `SeedGenerator`, the model
-    itself included (a subclassed model drawing in its own `call`): what data parallelism must draw as one process
-    would."""
-    return [layer for layer in model._flatten_layers(include_self=True) if layer._seed_generators]
+    """The model's layers that draw random numbers when they train (what data parallelism must draw as one process
+    would): those holding a Keras `SeedGenerator`, the model itself included (a subclassed model drawing in its own
+    `call`), but a Dropout of rate 0 and an RNN cell with no dropout, which hold one and never draw (every Keras LSTM
+    cell holds one)."""
+    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+
+    def draws(layer) -> bool:
+        if isinstance(layer, DropoutRNNCell):
+            return layer.dropout > 0 or layer.recurrent_dropout > 0
+        if isinstance(layer, layers.Dropout):
+            return layer.rate > 0
+        return bool(layer._seed_generators)
+
+    return [layer for layer in model._flatten_layers(include_self=True) if draws(layer)]
 
 
 def ensure_built(model: keras.Model, x) -> keras.Model:

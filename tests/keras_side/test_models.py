@@ -107,3 +107,26 @@ def test_batchnorm_takes_its_batch_moments_from_moments_only_when_training():
     np.testing.assert_allclose(out, pre / np.sqrt(1 + bn.epsilon), rtol=1e-6)  # normalized by what it returned
     hidden(x, training=False)
     assert calls == [(16, 8)]  # inference: the moving statistics, not `_moments`
+
+
+class DrawsInItsCall(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.generator, self.out = keras.random.SeedGenerator(1), keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        return self.out(x + keras.random.normal(keras.ops.shape(x), seed=self.generator) if training else x)
+
+
+@pytest.mark.parametrize("model, drawing", [
+    (lambda: models.lstm(), []),  # its cell holds a SeedGenerator and, with no dropout, never draws
+    (lambda: keras.Sequential([keras.Input((22, 1)), keras.layers.LSTM(4, recurrent_dropout=0.2)]), ["lstm_cell"]),
+    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.0, name="none")]), []),
+    (lambda: models.dropout_mlp(), ["dropout"]),
+    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1, name="noise")]), ["noise"]),
+    (lambda: DrawsInItsCall(), ["draws_in_its_call"]),
+])
+def test_drawing_layers_are_those_that_draw_when_they_train(model, drawing):
+    """What data parallelism must draw as one process does, or refuse: not an LSTM cell with no dropout (the zoo's
+    LSTM was refused by DDP when every holder of a SeedGenerator counted)."""
+    assert [layer.name for layer in models.drawing_layers(model())] == drawing

@@ -333,6 +333,12 @@ def _sequence_dropout():
     return keras.Sequential([keras.Input((5, 2)), L.Dense(4), L.Dropout(0.25, seed=6), L.Flatten(), L.Dense(1)])
 
 
+def _lstm_dropout():  # the LSTM's cell holds a SeedGenerator and, with no dropout of its own, draws nothing
+    L = keras.layers
+    return keras.Sequential([keras.Input((5, 2)), L.LSTM(3, return_sequences=True), L.Dropout(0.25, seed=7),
+                             L.Flatten(), L.Dense(1)])
+
+
 def _functional_dropout():
     inputs = keras.Input((3,))
     hidden = keras.layers.Dense(4)(inputs)
@@ -343,11 +349,12 @@ def _functional_dropout():
 @pytest.mark.parametrize("build, rates, shape", [(_noisy_bn_dropout, [0.3, 0.5], (3,)),
                                                  (_first_dropout, [0.4], (3,)),
                                                  (_sequence_dropout, [0.25], (5, 2)),
+                                                 (_lstm_dropout, [0.25], (5, 2)),
                                                  (_functional_dropout, [0.3, 0.3], (3,))])
 def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates, shape):
     """#15: each mask drawn before the step is the one the layer's call would draw, applied as its call applies
-    it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, two, and
-    one called twice in a Functional model's graph."""
+    it, and each seed state moves as the call moves it: to the bit, twice; a Dropout first, on a sequence, after an
+    LSTM, two, and one called twice in a Functional model's graph."""
     seed_everything(0)
     model = build()
     probed = _state(model)
