@@ -111,11 +111,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     x, y = data.x_train, data.y_train
     draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
-    random = drawing_layers(model)
-    if random and not draws:
-        raise SpecError(f"layer {random[0].name!r} draws random numbers, which every rank would draw alike for its "
-                        "own rows under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout "
-                        "in a Sequential or Functional model (loop.Draws), or train in one process")
+    refuse_other_draws(model, draws)
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
@@ -147,6 +143,15 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
             if scheduler:
                 scheduler.step()
     return model.get_weights()
+
+
+def refuse_other_draws(model, draws: Draws | None) -> None:
+    """A SpecError for a layer that draws random numbers where `draws` (`Draws.of` the model) does not draw them."""
+    random = drawing_layers(model)
+    if random and not draws:
+        raise SpecError(f"layer {random[0].name!r} draws random numbers, which every rank would draw alike for its "
+                        "own rows under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout "
+                        "in a Sequential or Functional model (loop.Draws), or train in one process")
 
 
 def check_same_draws(masks) -> None:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from compare.distributed import MODELS
 from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
 from keras_side.config import load_trained, shard, take, whole_batches
 from keras_side.determinism import seed_everything
@@ -36,12 +37,10 @@ def gap(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
-                                   "keras_side.models:dropout_mlp"])
+@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp"])
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
-    """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch.
-    dropout_mlp: each replica applies its rows of the global batch's mask (`rows_of_global_batch`; without it,
-    3.0e-2)."""
+    """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch. A
+    Dropout: below (the LSTM's test, whose model ends in one, and `fit`'s)."""
     parallel = mirrored_run(har, tmp_path, build)
     seed_everything(0)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
@@ -161,6 +160,13 @@ def test_on_two_replicas_each_applies_its_rows_of_one_processs_mask_and_other_dr
     for key, message in found.items():
         layer = "GaussianNoise" if key.startswith("noisy") else "SpatialDropout1D"
         assert f"({layer}) draws random numbers that every replica would draw" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_no_model_that_distributed_takes_is_refused(name):
+    from keras_side.zoo import ZOO
+
+    mirrored.refuse_other_draws(resolve(ZOO[name].build)())
 
 
 def test_outside_a_strategy_of_several_replicas_nothing_changes():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from compare.distributed import MODELS
 from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
 from keras_side.config import keras_inputs, load_trained, shard, take
 from keras_side.determinism import seed_everything
@@ -52,6 +53,17 @@ def test_a_model_whose_random_layer_every_rank_would_draw_alike_is_refused(har):
                               keras.layers.Dense(1)])
     with pytest.raises(SpecError, match="draws random numbers, which every rank would draw alike .* or train in one"):
         ddp.train(model, har, TrainConfig(**SPEC))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_no_model_that_distributed_takes_is_refused(panel, name):
+    """Every zoo model `native-loops distributed` offers passes the refusal (the zoo's LSTM, whose cell holds a
+    SeedGenerator it never draws from, was refused for a stop)."""
+    from keras_side.zoo import ZOO
+    from tests.native.many_seeds import zoo_data
+
+    model = resolve(ZOO[name].build)()
+    ddp.refuse_other_draws(model, torch_loop.Draws.of(model, zoo_data(panel, name).x_train))
 
 
 @pytest.mark.parametrize("name", ["mlp_l2", "two_horizons"])
