@@ -172,14 +172,14 @@ def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
 def drawing_layers(model: keras.Model) -> list[layers.Layer]:
     """The model's layers that draw random numbers when they train (what data parallelism must draw as one process
     would): those holding a Keras `SeedGenerator`, the model itself included (a subclassed model drawing in its own
-    `call`), but a Dropout of rate 0 and an RNN cell with no dropout, which hold one and never draw (every Keras LSTM
-    cell holds one)."""
+    `call`), but Keras's own RNN cells with no dropout and Dropouts of rate 0, which may hold one and never draw
+    (every Keras RNN cell holds one). A subclass with a `call` of its own counts by its generator."""
     from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 
     def draws(layer) -> bool:
-        if isinstance(layer, DropoutRNNCell):
+        if isinstance(layer, DropoutRNNCell) and type(layer).__module__.startswith("keras.src."):
             return layer.dropout > 0 or layer.recurrent_dropout > 0
-        if isinstance(layer, layers.Dropout):
+        if isinstance(layer, layers.Dropout) and type(layer).call is layers.Dropout.call:
             return layer.rate > 0
         return bool(layer._seed_generators)
 

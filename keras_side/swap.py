@@ -16,17 +16,22 @@ import contextlib
 import threading
 
 _LOCK = threading.Lock()
-_open: dict[tuple[int, str], list] = {}  # (id(owner), name): [blocks open, what the first of them found]
+_open: dict[tuple[int, str], list] = {}  # (id(owner), name): [blocks open, what the first found, the replacement]
 
 
 @contextlib.contextmanager
 def swapped(owner, name: str, replacement):
-    """While the block runs, `owner.<name>` is `replacement` (module docstring)."""
+    """While the block runs, `owner.<name>` is `replacement` (module docstring). A block with another replacement
+    while one is open is an error: one of the two would silently not run."""
     key = (id(owner), name)
     with _LOCK:
         if key not in _open:
-            _open[key] = [0, getattr(owner, name)]
+            found = getattr(owner, name)
             setattr(owner, name, replacement)
+            _open[key] = [0, found, replacement]
+        elif _open[key][2] is not replacement:
+            raise RuntimeError(f"{name} is swapped for {_open[key][2].__qualname__} already; a block swapping it for "
+                               f"{replacement.__qualname__} cannot open meanwhile")
         _open[key][0] += 1
     try:
         yield

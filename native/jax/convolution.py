@@ -22,9 +22,9 @@ convolution); every other convolution goes to Keras's own, unchanged. Only code 
 function is swapped process-wide while any block is open (`keras_side.swap`: blocks may nest and overlap across
 threads), but it computes the matmul only where a `contextvars` depth says its caller is inside one, so another thread
 (a thread started inside a block too) gets Keras's own convolution meanwhile; an asyncio task or a
-`contextvars.copy_context()` made inside a block is inside it. This holds when a program is traced: a `jax.jit` traced
-inside a block keeps the matmul in its compiled program, called from anywhere, as every trainer of this package traces
-its step inside one.
+`contextvars.copy_context()` made inside a block is inside it while a block is open (tested). This holds when a program
+is traced: a `jax.jit` traced inside a block keeps the matmul in its compiled program, called from anywhere, as every
+trainer of this package traces its step inside one.
 """
 from __future__ import annotations
 

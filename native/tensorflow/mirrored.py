@@ -20,19 +20,20 @@ A BatchNormalization normalizes by its own replica's rows unless built with `syn
 (TensorFlow only) for moments from sums all-reduced over the replicas (measured: 2.3e-2 from one process after 2
 epochs without it). `synchronize_batchnorm` turns it on in a built model; `train` and `fit_train` apply it.
 
-A Dropout, left to the strategy, draws on every replica the mask of its own shard's shape from the same seed state:
-one pattern repeated, not the global batch's (measured on `dropout_mlp`: 3.0e-2 from one process after 2 epochs).
-Keras draws it statelessly (`tf.nn.experimental.stateless_dropout`, the seed from the layer's `SeedGenerator`), so the
-global batch's mask depends only on the seed and the global shape: under `rows_of_global_batch`, opened at the top of
-each replica's step, each replica pads its rows to the global batch (its offset from an all-gather of every replica's
-rows), lets Keras draw, and keeps its rows. That takes an all-gather a step, and a global batch's mask on every
-replica for each Dropout call (the all-gather at the top, not in each call: an RNN's masks are drawn inside its
-loop, where a collective cannot run). It assumes what Keras's
-Dropout and an RNN cell's dropout masks satisfy (tested: a Dropout, an LSTM's `dropout` and `recurrent_dropout`):
-axis 0 of what is dropped is the replica's rows of the batch. A layer that draws otherwise (GaussianNoise,
-GaussianDropout, AlphaDropout, a SpatialDropout, whose noise shape is its own rows', a model drawing in its own `call`)
-is refused; a custom layer of yours that calls Keras's dropout on a tensor whose axis 0 is not the batch (time-major,
-a weight) is not detected. `train` and `fit_train` apply it.
+A Dropout, left to the strategy, draws on every replica the mask of its own shard's shape from the same seed state: one
+pattern repeated, not the global batch's (measured on `dropout_mlp`: 3.0e-2 from one process after 2 epochs). Keras
+draws it statelessly (`tf.nn.experimental.stateless_dropout`, the seed from the layer's `SeedGenerator`), so the global
+batch's mask depends only on the seed and the global shape: under `rows_of_global_batch`, opened at the top of each
+replica's step, each replica pads its rows to the global batch (its offset from an all-gather of every replica's rows),
+lets Keras draw, and keeps its rows. That takes an all-gather a step, and a global batch's mask on every replica for
+each Dropout call. The all-gather runs at the top of the step, never inside a draw: a collective there hands control to
+another replica's thread mid-layer, and an RNN cell, one object for every replica, caches its mask (measured: replica 1
+used replica 0's, of another shape). It assumes what Keras's Dropout, Attention's dropout and an RNN cell's dropout
+masks satisfy (tested: a Dropout, Attention, an LSTM's `dropout` and `recurrent_dropout`): axis 0 of what is dropped is
+the replica's rows of the batch. A layer that draws otherwise (GaussianNoise, GaussianDropout, AlphaDropout, a
+SpatialDropout, whose noise shape is its own rows', a model drawing in its own `call`) is refused; a custom layer of
+yours that calls Keras's dropout on a tensor whose axis 0 is not the batch (time-major, a weight) is not detected.
+`train` and `fit_train` apply it.
 """
 from __future__ import annotations
 
@@ -81,12 +82,13 @@ def synchronize_batchnorm(model) -> int:
 def refuse_other_draws(model) -> None:
     """A SpecError for a layer that draws random numbers other than through Keras's dropout over the replica's rows
     of the batch (what `rows_of_global_batch` makes the global batch's): anything but a Dropout with no spatial noise
-    shape or an RNN cell's dropout."""
+    shape, Attention's dropout (its weights' axis 0 is the batch) or an RNN cell's dropout."""
     from keras.src.layers.regularization.spatial_dropout import BaseSpatialDropout
     from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 
+    takes = (keras.layers.Dropout, keras.layers.Attention, DropoutRNNCell)
     for layer in drawing_layers(model):
-        if isinstance(layer, BaseSpatialDropout) or not isinstance(layer, (keras.layers.Dropout, DropoutRNNCell)):
+        if isinstance(layer, BaseSpatialDropout) or not isinstance(layer, takes):
             raise SpecError(f"layer {layer.name!r} ({type(layer).__name__}) draws random numbers that every replica "
                             "would draw for its own rows, not its rows of the global batch's; use "
                             "keras.layers.Dropout, or train in one process")
@@ -97,7 +99,8 @@ _replica = threading.local()  # `.window`: (this replica's first row, the global
 
 def _global_dropout(inputs, rate, noise_shape=None, seed=None):
     """Keras's `dropout` signature: inside a replica's `rows_of_global_batch`, the global batch's mask drawn and this
-    replica's rows of it applied to `inputs` (its rows); elsewhere, what was in place."""
+    replica's rows of it applied to `inputs` (its rows); elsewhere, what was in place. It never synchronizes the
+    replicas (see the module docstring)."""
     window = getattr(_replica, "window", None)
     if window is None or rate in (0.0, 1.0):  # outside a replica's block, or nothing drawn
         return swap.before(keras_tf_random, "dropout")(inputs, rate, noise_shape=noise_shape, seed=seed)

@@ -57,7 +57,7 @@ from keras_side.models import batchnorm_layers, drawing_layers
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import Draws, _forward, _tensors, spec_loss
+from native.torch.loop import Draws, _forward, _tensors, drawable, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -149,7 +149,8 @@ def refuse_other_draws(model, draws: Draws | None) -> None:
     """A SpecError for a layer that draws random numbers where `draws` (`Draws.of` the model) does not draw them."""
     random = drawing_layers(model)
     if random and not draws:
-        raise SpecError(f"layer {random[0].name!r} draws random numbers, which every rank would draw alike for its "
+        layer = next((layer for layer in random if not drawable(layer)), random[0])  # else the model's way of calling
+        raise SpecError(f"layer {layer.name!r} draws random numbers, which every rank would draw alike for its "
                         "own rows under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout "
                         "in a Sequential or Functional model (loop.Draws), or train in one process")
 

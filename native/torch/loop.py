@@ -394,9 +394,7 @@ class Draws:
             found = _dropout_inputs(model, sample)
         dropouts = [layer for layer, _ in found or ()]
         if not dropouts or any(layer not in dropouts for layer in drawing_layers(model)) or not all(
-                type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
-                and layer.seed_generator._initial_seed is not None and _idle_wrapper(layer, inputs)
-                for layer, inputs in found):
+                drawable(layer) and _idle_wrapper(layer, inputs) for layer, inputs in found):
             return None
         return cls(dropouts, [tuple(inputs.shape[1:]) for _, inputs in found])
 
@@ -433,6 +431,12 @@ def _dropout_inputs(model, x) -> list | None:
 
     model._run_through_graph(model._standardize_inputs(x), operation_fn=operation)
     return found
+
+
+def drawable(layer) -> bool:
+    """A layer whose masks `Draws` can draw: Keras's own seeded Dropout, no noise shape, a rate below 1."""
+    return (type(layer) is keras.layers.Dropout and layer.rate < 1 and layer.noise_shape is None
+            and layer.seed_generator._initial_seed is not None)
 
 
 def _drops(layer) -> bool:

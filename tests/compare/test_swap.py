@@ -44,3 +44,12 @@ def test_each_attribute_is_swapped_on_its_own():
     with swap.swapped(a, "f", ours), swap.swapped(b, "g", ours):
         assert (a.f, b.f, b.g) == (ours, original, ours)
     assert (a.f, b.f, b.g) == (original, original, original)
+
+
+def test_another_replacement_while_a_block_is_open_is_an_error():
+    owner = types.SimpleNamespace(f=original)
+    with swap.swapped(owner, "f", ours):
+        with pytest.raises(RuntimeError, match="f is swapped for ours already"), swap.swapped(owner, "f", original):
+            pass
+        assert owner.f is ours
+    assert owner.f is original

@@ -109,6 +109,24 @@ def test_batchnorm_takes_its_batch_moments_from_moments_only_when_training():
     assert calls == [(16, 8)]  # inference: the moving statistics, not `_moments`
 
 
+def _attention(dropout: float) -> keras.Model:
+    x = keras.Input((5, 4))
+    return keras.Model(x, keras.layers.MultiHeadAttention(2, 2, dropout=dropout)(x, x))
+
+
+class NoisyDropout(keras.layers.Dropout):
+    """A Dropout of rate 0 whose own call draws: counted by its generator, not its rate."""
+
+    def __init__(self, rate, **kwargs):
+        super().__init__(rate, **kwargs)  # which builds the layer: its state is locked after
+        self._tracker.unlock()
+        self._noise = keras.random.SeedGenerator(2)
+        self._tracker.lock()
+
+    def call(self, x, training=False):
+        return x + keras.random.normal(keras.ops.shape(x), seed=self._noise) if training else x
+
+
 class DrawsInItsCall(keras.Model):
     def __init__(self):
         super().__init__()
@@ -120,13 +138,20 @@ class DrawsInItsCall(keras.Model):
 
 @pytest.mark.parametrize("model, drawing", [
     (lambda: models.lstm(), []),  # its cell holds a SeedGenerator and, with no dropout, never draws
-    (lambda: keras.Sequential([keras.Input((22, 1)), keras.layers.LSTM(4, recurrent_dropout=0.2)]), ["lstm_cell"]),
-    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.0, name="none")]), []),
-    (lambda: models.dropout_mlp(), ["dropout"]),
-    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1, name="noise")]), ["noise"]),
-    (lambda: DrawsInItsCall(), ["draws_in_its_call"]),
+    (lambda: keras.Sequential([keras.Input((22, 1)), keras.layers.LSTM(4, recurrent_dropout=0.2)]), ["LSTMCell"]),
+    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.0)]), []),
+    (lambda: models.dropout_mlp(), ["Dropout"]),
+    (lambda: keras.Sequential([keras.Input((3,)), keras.layers.GaussianNoise(0.1)]), ["GaussianNoise"]),
+    (lambda: DrawsInItsCall(), ["DrawsInItsCall"]),
+    (lambda: keras.Sequential([keras.Input((22, 1)), keras.layers.GRU(4), keras.layers.Reshape((4, 1)),
+                               keras.layers.SimpleRNN(2, dropout=0.1)]), ["SimpleRNNCell"]),
+    (lambda: keras.Sequential([keras.Input((22, 1)), keras.layers.Bidirectional(keras.layers.LSTM(2, dropout=0.1))]),
+     ["LSTMCell", "LSTMCell"]),
+    (lambda: _attention(0.0), []),
+    (lambda: _attention(0.2), ["Dropout"]),  # MultiHeadAttention's own
+    (lambda: keras.Sequential([keras.Input((3,)), NoisyDropout(0.0)]), ["NoisyDropout"]),
 ])
 def test_drawing_layers_are_those_that_draw_when_they_train(model, drawing):
     """What data parallelism must draw as one process does, or refuse: not an LSTM cell with no dropout (the zoo's
     LSTM was refused by DDP when every holder of a SeedGenerator counted)."""
-    assert [layer.name for layer in models.drawing_layers(model())] == drawing
+    assert [type(layer).__name__ for layer in models.drawing_layers(model())] == drawing

@@ -1,4 +1,5 @@
 """native.jax.convolution: Keras's 1-D convolution as a matmul over the input's patches, what the JAX loop runs."""
+import contextvars
 import itertools
 import threading
 
@@ -91,6 +92,17 @@ def test_a_thread_outside_every_block_computes_kerass_convolution_while_another_
         thread.join()
     assert not calls
     np.testing.assert_array_equal(np.asarray(got["y"]), np.asarray(want))
+
+
+def test_a_context_copied_inside_a_block_is_inside_it(calls):
+    """What an asyncio task made inside a block runs in, a copy of the block's context, is inside it, here run by
+    another thread while the block is open."""
+    layer, x = keras.layers.Conv1D(4, 5), np.zeros((2, 22, 1), np.float32)
+    with convolution.as_matmuls():
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(layer, x))
+        thread.start()
+        thread.join()
+    assert calls
 
 
 def test_as_matmuls_gives_keras_its_convolution_back_after_an_error_and_keeps_its_empty_output_error():

@@ -82,15 +82,17 @@ def test_an_rnn_cells_dropouts_on_two_replicas_end_where_one_process_ends(panel,
     assert gap(loop.train(lstm_with_dropouts(), data, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
-# Dropouts on 2 replicas (`two_replicas`): (case, Dropout's arguments, `rows_of_global_batch` blocks around the call).
+# Draws on 2 replicas (`two_replicas`): (case, the layer: a Dropout's arguments or Attention, `rows_of_global_batch`
+# blocks around the call). A rate of 1 and a noise shape of (1, 1, 4) draw the same without the block: they check
+# that it does no harm; every other case fails without it.
 MASK_CASES = [("a Dropout", {}, 1), ("nested blocks", {}, 2), ("noise shape (None, 1, None)",
               {"noise_shape": (None, 1, None)}, 1), ("noise shape (1, 1, 4)", {"noise_shape": (1, 1, 4)}, 1),
-              ("rate 1", {"rate": 1.0}, 1)]
+              ("rate 1", {"rate": 1.0}, 1), ("Attention's dropout", "attention", 1)]
 
 
 def two_replicas(data_path: str) -> None:
     """Run in a process of its own (TensorFlow splits the CPU only before its runtime starts). Prints, as JSON, for
-    each of MASK_CASES whether 2 replicas' outputs, put together, are to the bit what one process's Dropout gives on
+    each of MASK_CASES whether 2 replicas' outputs, put together, are to the bit what one process's layer gives on
     the whole batch, at two steps; and what `train` and `fit_train` say of a model that draws otherwise."""
     import contextlib
 
@@ -100,22 +102,28 @@ def two_replicas(data_path: str) -> None:
 
     from keras_side.config import HarData
 
+    def make(kwargs):
+        if kwargs == "attention":
+            attention = keras.layers.Attention(dropout=0.5, seed=3)
+            return lambda x: attention([x, x], training=True)
+        kwargs = dict(kwargs)
+        dropout = keras.layers.Dropout(kwargs.pop("rate", 0.5), seed=3, **kwargs)
+        return lambda x: dropout(x, training=True)
+
     strategy = tf.distribute.MirroredStrategy(devices)
     x = np.random.default_rng(0).uniform(1, 2, size=(7, 3, 4)).astype(np.float32)  # 7 rows: 4 and 3
     parts = [x[shard(slice(0, 7), r, 2)] for r in range(2)]
     found = {}
     for name, kwargs, blocks in MASK_CASES:
-        kwargs = dict(kwargs)
-        rate = kwargs.pop("rate", 0.5)
-        alone = keras.layers.Dropout(rate, seed=3, **kwargs)
+        alone = make(kwargs)
         with strategy.scope():
-            layer = keras.layers.Dropout(rate, seed=3, **kwargs)
+            layer = make(kwargs)
 
         def replica(xb, layer=layer, blocks=blocks):
             with contextlib.ExitStack() as stack:
                 for _ in range(blocks):
                     stack.enter_context(mirrored.rows_of_global_batch(xb))
-                return layer(xb, training=True)
+                return layer(xb)
 
         xs = strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
@@ -123,7 +131,7 @@ def two_replicas(data_path: str) -> None:
         equal = []
         for _ in range(2):  # the seed state moves alike
             got = np.concatenate([t.numpy() for t in strategy.experimental_local_results(step(xs))])
-            equal.append(bool(np.array_equal(got, alone(x, training=True).numpy())))
+            equal.append(bool(np.array_equal(got, alone(x).numpy())))
         found[name] = all(equal)
 
     def noisy():
@@ -147,8 +155,8 @@ def two_replicas(data_path: str) -> None:
 
 def test_on_two_replicas_each_applies_its_rows_of_one_processs_mask_and_other_draws_are_refused(har, tmp_path):
     """Each replica's rows of the global batch's mask (7 rows over 2 replicas: 4 and 3), with blocks nested, noise
-    shapes, a rate of 1; GaussianNoise and SpatialDropout1D (whose noise shape is its own rows') refused by the loop
-    and by fit under the strategy, in one line."""
+    shapes, a rate of 1, Attention's dropout; GaussianNoise and SpatialDropout1D (whose noise shape is its own rows')
+    refused by the loop and by fit under the strategy, in one line."""
     har.save(tmp_path / "data.npz")
     code = f"from tests.native.tensorflow.test_mirrored import two_replicas; two_replicas({str(tmp_path / 'data.npz')!r})"
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)}
@@ -167,6 +175,21 @@ def test_no_model_that_distributed_takes_is_refused(name):
     from keras_side.zoo import ZOO
 
     mirrored.refuse_other_draws(resolve(ZOO[name].build)())
+
+
+def test_a_model_drawing_in_its_own_call_is_refused():
+    import keras
+
+    class Noisy(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.generator, self.out = keras.random.SeedGenerator(1), keras.layers.Dense(1)
+
+        def call(self, x, training=False):
+            return self.out(x + keras.random.normal(keras.ops.shape(x), seed=self.generator) if training else x)
+
+    with pytest.raises(SpecError, match=r"\(Noisy\) draws random numbers that every replica would draw"):
+        mirrored.refuse_other_draws(Noisy())
 
 
 def test_outside_a_strategy_of_several_replicas_nothing_changes():
