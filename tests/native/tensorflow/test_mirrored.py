@@ -178,18 +178,10 @@ def test_no_model_that_distributed_takes_is_refused(name):
 
 
 def test_a_model_drawing_in_its_own_call_is_refused():
-    import keras
+    from tests.keras_side.test_models import DrawsInItsCall
 
-    class Noisy(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.generator, self.out = keras.random.SeedGenerator(1), keras.layers.Dense(1)
-
-        def call(self, x, training=False):
-            return self.out(x + keras.random.normal(keras.ops.shape(x), seed=self.generator) if training else x)
-
-    with pytest.raises(SpecError, match=r"\(Noisy\) draws random numbers that every replica would draw"):
-        mirrored.refuse_other_draws(Noisy())
+    with pytest.raises(SpecError, match=r"\(DrawsInItsCall\) draws random numbers that every replica would draw"):
+        mirrored.refuse_other_draws(DrawsInItsCall())
 
 
 def test_outside_a_strategy_of_several_replicas_nothing_changes():
