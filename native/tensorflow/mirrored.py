@@ -25,22 +25,22 @@ pattern repeated, not the global batch's (measured on `dropout_mlp`: 3.0e-2 from
 draws it statelessly (`tf.nn.experimental.stateless_dropout`, the seed from the layer's `SeedGenerator`), so the global
 batch's mask depends only on the seed and the global shape: under `rows_of_global_batch`, opened at the top of each
 replica's step, each replica pads its rows to the global batch (its offset from an all-gather of every replica's rows),
-lets Keras draw, and keeps its rows. That takes an all-gather a step, and a global batch's mask on every replica for
-each Dropout call. The all-gather runs at the top of the step, never inside a draw: a collective there hands control to
-another replica's thread mid-layer, and an RNN cell, one object for every replica, caches its mask (measured: replica 1
-used replica 0's, of another shape). It assumes what Keras's Dropout, Attention's dropout and an RNN cell's dropout
-masks satisfy (tested: a Dropout, Attention, an LSTM's `dropout` and `recurrent_dropout`): axis 0 of what is dropped is
-the replica's rows of the batch. A layer that draws otherwise (GaussianNoise, GaussianDropout, AlphaDropout, a
-SpatialDropout, whose noise shape is its own rows', a model drawing in its own `call`) is refused; a custom layer of
-yours that calls Keras's dropout on a tensor whose axis 0 is not the batch (time-major, a weight) is not detected.
-`train` and `fit_train` apply it.
+lets Keras draw, and keeps its rows. For a model that draws, that takes an all-gather a step, and a global batch's mask
+on every replica for each Dropout call. The all-gather runs at the top of the step, never inside a draw: a collective
+there hands control to another replica's thread mid-layer, and an RNN cell, one object for every replica, caches its
+mask (measured: replica 1 used replica 0's, of another shape). It assumes what Keras's Dropout, Attention's dropout and
+an RNN cell's dropout masks satisfy (tested: a Dropout, Attention, an LSTM's `dropout` and `recurrent_dropout`): axis 0
+of what is dropped is the replica's rows of the batch. A layer that draws otherwise (GaussianNoise, GaussianDropout,
+AlphaDropout, a SpatialDropout, whose noise shape is its own rows', a model drawing in its own `call`) is refused; a
+custom layer of yours that calls Keras's dropout on a tensor whose axis 0 is not the batch (time-major, a weight) is not
+detected. `train` and `fit_train` apply it.
 """
 from __future__ import annotations
 
 import argparse
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import keras
@@ -151,6 +151,7 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
         synchronize_batchnorm(model)
         if replicas > 1:
             refuse_other_draws(model)
+        draws = bool(drawing_layers(model))  # else no all-gather a step
         if init is not None:
             model.set_weights(init)
         optimizer = keras_optimizer(cfg)
@@ -161,7 +162,7 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     @tf.function
     def step(x, y, global_size):
         def replica(xb, yb):
-            with rows_of_global_batch(xb), tf.GradientTape() as tape:
+            with rows_of_global_batch(xb) if draws else nullcontext(), tf.GradientTape() as tape:
                 loss = shard_loss(model, summed, xb, yb, global_size)
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
             return loss
@@ -210,8 +211,6 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
     batch (63 rows over 2) 2.3e-5 apart after 2 epochs, because Keras averages the replicas' own mean losses with
     equal weights, where the global batch's mean weighs each replica by its rows (`train` above does). With one
     device, plain `fit`."""
-    from contextlib import nullcontext
-
     from keras_side import fit
 
     with tf.distribute.MirroredStrategy(devices).scope() if len(devices) > 1 else nullcontext():
@@ -219,13 +218,14 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
         if len(devices) > 1:
             synchronize_batchnorm(model)
             refuse_other_draws(model)
-            keras_step = model.train_step
+            if drawing_layers(model):
+                keras_step = model.train_step
 
-            def train_step(data):  # Keras's step on each replica, its Dropouts drawing the global batch's masks
-                with rows_of_global_batch(data):
-                    return keras_step(data)
+                def train_step(data):  # Keras's step on each replica, its Dropouts drawing the global batch's masks
+                    with rows_of_global_batch(data):
+                        return keras_step(data)
 
-            model.train_step = train_step
+                model.train_step = train_step
         fit.train(model, data, cfg)
     return model.get_weights()
 
