@@ -123,18 +123,18 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     checked = False  # that every rank drew the first step's masks alike
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
         for rows in batch_slices(data.n_train, cfg.batch_size):
-            positions = shard(slice(0, rows.stop - rows.start), rank, world)  # this rank's rows of the batch
+            size = rows.stop - rows.start  # the global batch's rows
+            positions = shard(slice(0, size), rank, world)  # this rank's rows of the batch
             mine = order[rows][positions]
             xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
             masks = ()
             if draws:
-                drawn = draws(rows.stop - rows.start)
+                drawn = draws(size)
                 if not checked:
                     check_same_draws(drawn)
                     checked = True
                 masks = tuple(m[positions] for m in drawn)
-            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / (rows.stop - rows.start),
-                              masks=masks)
+            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / size, masks=masks)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here
             if clip:
