@@ -303,8 +303,8 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
 def _walk_forward(one: tuple, windows: dict, cfg: TrainConfig, processes: int, folder: Path,
                   incomplete: dict) -> dict | None:
     """Every walk-forward model trained at once with the model axis split over `processes` JAX processes, against
-    `one` (`_walk_forward_one`): the same forecasts (each model's arithmetic is its own), and models per second of
-    each."""
+    `one` (`_walk_forward_one`): the same forecasts, each model's own arithmetic, to a few ulps (`SHARDED_ATOL`:
+    XLA's kernels may sum a dot otherwise for fewer models a device), and models per second of each."""
     out = folder / "walk-forward-many.npz"
     launched = _launch("jax", processes, folder / "windows.npz", out, _walk_config(cfg), "keras_side.models:har",
                        "--walk-forward")
