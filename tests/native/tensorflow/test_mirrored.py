@@ -92,8 +92,9 @@ MASK_CASES = [("a Dropout", {}, 1), ("nested blocks", {}, 2), ("noise shape (Non
 
 def two_replicas(data_path: str) -> None:
     """Run in a process of its own (TensorFlow splits the CPU only before its runtime starts). Prints, as JSON, for
-    each of MASK_CASES whether 2 replicas' outputs, put together, are to the bit what one process's layer gives on
-    the whole batch, at two steps; and what `train` and `fit_train` say of a model that draws otherwise."""
+    each of MASK_CASES whether 2 replicas' outputs (Attention's: where its weights were dropped), put together, are
+    to the bit what one process's layer gives on the whole batch, at two steps; and what `train` and `fit_train` say
+    of a model that draws otherwise."""
     import contextlib
 
     devices = mirrored.use_cpus(2)
@@ -103,9 +104,9 @@ def two_replicas(data_path: str) -> None:
     from keras_side.config import HarData
 
     def make(kwargs):
-        if kwargs == "attention":
-            attention = keras.layers.Attention(dropout=0.5, seed=3)
-            return lambda x: attention([x, x], training=True)
+        if kwargs == "attention":  # its mask: the zeros of its dropped weights (its matmuls over 4 rows and over 7
+            attention = keras.layers.Attention(dropout=0.5, seed=3)  # may sum otherwise: measured on an AMD EPYC)
+            return lambda x: keras.ops.equal(attention([x, x], training=True, return_attention_scores=True)[1], 0)
         kwargs = dict(kwargs)
         dropout = keras.layers.Dropout(kwargs.pop("rate", 0.5), seed=3, **kwargs)
         return lambda x: dropout(x, training=True)
