@@ -104,8 +104,10 @@ def two_replicas(data_path: str) -> None:
     from keras_side.config import HarData
 
     def make(kwargs):
-        if kwargs == "attention":  # its mask: the zeros of its dropped weights (its matmuls over 4 rows and over 7
-            attention = keras.layers.Attention(dropout=0.5, seed=3)  # may sum otherwise: measured on an AMD EPYC)
+        if kwargs == "attention":
+            # its mask, the zeros of its dropped weights: its matmuls over 4 rows and over 7 may sum otherwise (they
+            # do on an AMD EPYC), so its outputs are not compared to the bit
+            attention = keras.layers.Attention(dropout=0.5, seed=3)
             return lambda x: keras.ops.equal(attention([x, x], training=True, return_attention_scores=True)[1], 0)
         kwargs = dict(kwargs)
         dropout = keras.layers.Dropout(kwargs.pop("rate", 0.5), seed=3, **kwargs)
