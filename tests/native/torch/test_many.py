@@ -1,5 +1,6 @@
 import keras
 import numpy as np
+import pytest
 from torch._dynamo.utils import counters
 
 from compare.tolerances import VMAP_VS_ALONE_ATOL
@@ -42,6 +43,14 @@ def test_an_empty_window_stays_where_it_started():
         np.testing.assert_array_equal(s[0, 2], e[0, 2])
 
 
+def test_windows_too_long_for_float_positions_are_refused():
+    """The windows' masks compare row positions as float32 (exact below 2**24): a longer series is refused, not
+    masked wrongly."""
+    x = np.empty((1, 2 ** 24, 3), np.float32)  # never touched: the check reads its shape
+    with pytest.raises(ValueError, match="exact below 2"):
+        torch_many.train_many(models.har(), x, x[..., :1], np.ones((1, 1)), [], TrainConfig(epochs=1))
+
+
 def test_predict_many_is_each_models_own_forward():
     x, y, rows = problem()
     start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 0)[0]
@@ -52,8 +61,6 @@ def test_predict_many_is_each_models_own_forward():
 
 
 # The seeds trainer: each seed as the torch loop trains it alone; what cannot be stacked is refused.
-import pytest  # noqa: E402
-
 from keras_side.spec import SpecError  # noqa: E402
 from keras_side.zoo import ZOO  # noqa: E402
 from native.torch import loop  # noqa: E402
