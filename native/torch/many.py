@@ -53,10 +53,10 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     `epoch_seconds` receives each epoch's wall time."""
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.shape[1] >= 2 ** 24:
-        raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions as floats, exact below 2**24")
-    # positions and windows compared as floats (exact integers here): on an AVX2 CPU inductor's vector code for an
+        raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
+    # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
     # int64 comparison made into a float mask is emulated, and made the compiled step 9 times slower (docs/speed.md)
-    rows = torch.as_tensor(rows).to(x.dtype)
+    rows = torch.as_tensor(rows).to(torch.float32)
     params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
     optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
                                  fused=True)
@@ -85,12 +85,12 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     x_by_feature = x.transpose(1, 2).contiguous()  # (groups, F, N + 1): see the gather below
     if compile:  # one eager call first: Keras makes its global slots (the scope, the name scopes) at a model's first
         with torch.no_grad():  # call; traced before they exist, the graph would guard on their absence, and the
-            batch_loss(params, x[:, :1], y[:, :1], torch.zeros(1, dtype=x.dtype))  # second call recompile
+            batch_loss(params, x[:, :1], y[:, :1], torch.zeros(1, dtype=torch.float32))  # second call recompile
     for epoch in range(cfg.epochs):
         start = time.perf_counter()
         order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle),
                                         (0, n_batches * cfg.batch_size - n_rows), value=n_rows)
-        positions = order.to(x.dtype)
+        positions = order.to(torch.float32)
         # one gather per group and epoch, batches then views; x feature-major, so a batch's rows of one feature
         # are contiguous and the kernel's gradient (a sum over the batch per model and feature) runs on whole
         # vectors: row-major, inductor vectorized it over the 3 features instead (1.6x the compiled step's time)
