@@ -55,7 +55,7 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     if x.shape[1] >= 2 ** 24:
         raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
     # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
-    # int64 comparison made into a float mask is emulated, and made the compiled step 9 times slower (docs/speed.md)
+    # int64 comparison made into a float mask is emulated: the step's kernel took 9 times as long (docs/speed.md)
     rows = torch.as_tensor(rows).to(torch.float32)
     params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
     optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
