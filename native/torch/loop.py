@@ -648,8 +648,7 @@ def _unreached(model, objective, variables, xb, yb, wb, masks) -> list[torch.Ten
 def compiled_grad(fn, params: list[torch.Tensor]):
     """`backward(*batch) -> aux` for `fn(values, *batch) -> (loss, aux)`: the loss's gradient with respect to the
     values of `params`, forward and backward compiled in one graph (`torch.func.grad` under `torch.compile`, no graph
-    break allowed), put into each parameter's `.grad` for its optimizer. The torch loop's (`compiled_gradient`) and
-    the walk-forward's (`native.torch.many`)."""
+    break allowed), put into each parameter's `.grad` for its optimizer (`compiled_gradient`'s)."""
     gradient = torch.compile(torch.func.grad(fn, has_aux=True), fullgraph=True)
 
     def backward(*batch):

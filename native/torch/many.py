@@ -16,9 +16,9 @@ draws one stream for every model, not each model's own (JAX's trainer takes them
     params = train_many(model, x, y, rows, start, cfg)   # x (groups, N, features), rows (groups, models)
 
 Model (g, m) trains on the first `rows[g, m]` rows of group g; each epoch shuffles the N positions once for every
-model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's stock Adam
-(fused: one elementwise update of every model). Every model steps on every batch, so each trains exactly as it
-would alone (tested); `compile=True` gives the same weights, faster (tested).
+model, and a model's loss on a batch is the mean over the batch's rows inside its window, with torch's own Adam
+(one elementwise update of every model). Every model steps on every batch, so each trains exactly as it would
+alone (tested); `compile=True` gives the same weights, faster (tested).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 import torch
+from torch.optim.adam import adam as functional_adam
 
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, take
 from keras_side.spec import SpecError, TrainConfig, check_outputs
@@ -40,26 +41,29 @@ def _forward(model):
     return torch.func.vmap(torch.func.vmap(one, in_dims=(0, None)))  # inner: the group's models share x
 
 
+# The compiled walk-forward's steps per call of its graph: each call pays the compiled region's wrapper and guards
+# once, whatever it holds. On the AVX2 machine of docs/speed.md (582 models, 40 epochs, one run each): 952 models/s
+# with 1 step a call, 1,440 with 2, 1,783 with 4; but the compile grows with the steps traced (12, 14, 22 s).
+STEPS_PER_CALL = 2
+
+
 def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: list[np.ndarray],
                cfg: TrainConfig, *, compile: bool = False, epoch_seconds: list | None = None) -> list[np.ndarray]:
     """Train every model from `params`, its initial weights stacked (groups, models, ...)
     (`InitialWeights.draw_grid`); returns the weights stacked the same way. The epochs' permutations come from their
     own generator, seeded `cfg.seed`. Eager, each batch's loss (the windows' masks, the vmapped forward, the masked
-    MSE) goes back through autograd. `compile=True` compiles the loss's gradient instead (`torch.func.grad` under
-    `torch.compile`): the forward and the backward in one graph, one call a step with no autograd engine or
-    compiled-autograd wrappers between them, the same for every batch (all have the same shape, the last one
-    padded). The same weights as eager (tested), and faster than compiling the loss alone and calling `backward`
-    (the HAR walk-forward: about 1.8 times, docs/speed.md), after a compile of a few seconds (the first epoch).
-    `epoch_seconds` receives each epoch's wall time."""
+    MSE) goes back through autograd and `torch.optim.Adam` (fused) steps. `compile=True` compiles whole steps
+    instead (`_compiled_steps`): the gradient (`torch.func.grad`) and torch's Adam in its functional form in one
+    graph, `STEPS_PER_CALL` steps a call, the same for every batch (all have the same shape, the last one padded).
+    The same weights as eager (tested), and about twice as fast once compiled (docs/speed.md), after a compile of
+    several seconds (the first epoch). `epoch_seconds` receives each epoch's wall time."""
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.shape[1] >= 2 ** 24:
         raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
     # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
     # int64 comparison made into a float mask is emulated: the step's kernel took 9 times as long (docs/speed.md)
     rows = torch.as_tensor(rows).to(torch.float32)
-    params = [torch.nn.Parameter(torch.as_tensor(p).clone()) for p in params]
-    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
-                                 fused=True)
+    params = [torch.as_tensor(p).clone() for p in params]
     forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
 
     def batch_loss(params, xb, yb, positions):
@@ -67,20 +71,9 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
         error = inside * (forward(params, xb) - yb[:, None]) ** 2
         return (error.sum((2, 3)) / inside.sum((2, 3)).clamp(min=1)).sum()  # each model's own mean, summed
 
-    if compile:
-        torch.compiler.reset()  # a fresh cache, as the torch loop's compile: never torch's recompile limit
-        def with_loss(values, *batch):  # the loss twice: the gradient's and the aux (torch.func's aux is tensors)
-            loss = batch_loss(values, *batch)
-            return loss, loss
-
-        # the forward and its gradient in one graph: no autograd engine between them
-        backward = loop.compiled_grad(with_loss, params)
-    else:
-        def backward(xb, yb, positions):  # autograd, eager
-            optimizer.zero_grad(set_to_none=True)
-            batch_loss(params, xb, yb, positions).backward()
-    n_rows = x.shape[1]
-    n_batches = math.ceil(n_rows / cfg.batch_size)
+    steps = (_compiled_steps if compile else _eager_steps)(batch_loss, params, cfg)
+    n_rows, size = x.shape[1], cfg.batch_size
+    n_batches = math.ceil(n_rows / size)
     x, y = torch.nn.functional.pad(x, (0, 0, 0, 1)), torch.nn.functional.pad(y, (0, 0, 0, 1))  # padding row n_rows
     x_by_feature = x.transpose(1, 2).contiguous()  # (groups, F, N + 1): see the gather below
     if compile:  # one eager call first: Keras makes its global slots (the scope, the name scopes) at a model's first
@@ -88,22 +81,62 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
             batch_loss(params, x[:, :1], y[:, :1], torch.zeros(1, dtype=torch.float32))  # second call recompile
     for epoch in range(cfg.epochs):
         start = time.perf_counter()
-        order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle),
-                                        (0, n_batches * cfg.batch_size - n_rows), value=n_rows)
-        positions = order.to(torch.float32)
+        order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle), (0, n_batches * size - n_rows),
+                                        value=n_rows)
+        positions = order.to(torch.float32).unflatten(0, (n_batches, size))  # (batches, batch)
         # one gather per group and epoch, batches then views; x feature-major, so a batch's rows of one feature
         # are contiguous and the kernel's gradient (a sum over the batch per model and feature) runs on whole
         # vectors: row-major, inductor vectorized it over the 3 features instead (1.6x the compiled step's time)
-        xe, ye = x_by_feature[:, :, order].transpose(1, 2), y[:, order]
-        # compiled: after the first epoch's one graph (fullgraph), only the guards that tell graphs apart
+        xe = x_by_feature[:, :, order].transpose(1, 2).unflatten(1, (n_batches, size))  # (groups, batches, batch, F)
+        ye = y[:, order].unflatten(1, (n_batches, size))
+        # compiled: after the first epoch's graphs (fullgraph), only the guards that tell graphs apart
         with loop.guards_skipped() if compile and epoch else contextlib.nullcontext():
-            for b in range(n_batches):
-                batch = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
-                backward(xe[:, batch], ye[:, batch], positions[batch])
-                optimizer.step()
+            for b in range(0, n_batches, STEPS_PER_CALL):
+                chunk = slice(b, b + STEPS_PER_CALL)  # an odd count's last chunk is one step: a graph of its own
+                steps(xe[:, chunk], ye[:, chunk], positions[chunk])
         if epoch_seconds is not None:
             epoch_seconds.append(time.perf_counter() - start)
     return [p.detach().numpy() for p in params]
+
+
+def _eager_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
+    """`steps(xs, ys, positions)`, a step per batch (axis 1 of xs and ys, 0 of positions): autograd's backward, then
+    `torch.optim.Adam` (fused: one kernel over every model's weights), updating `params` in place."""
+    for p in params:
+        p.requires_grad_()
+    optimizer = torch.optim.Adam(params, lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon,
+                                 fused=True)
+
+    def steps(xs, ys, positions):
+        for j in range(len(positions)):
+            optimizer.zero_grad(set_to_none=True)
+            batch_loss(params, xs[:, j], ys[:, j], positions[j]).backward()
+            optimizer.step()
+
+    return steps
+
+
+def _compiled_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
+    """`_eager_steps` in one graph a call: each step's gradient (`torch.func.grad`: the forward and the backward with
+    no autograd engine between them) and torch's Adam in its functional form (`torch.optim.adam.adam`, what
+    `torch.optim.Adam.step` runs, one tensor at a time), updating `params` and the moments in place. The stock
+    `Adam.step` cannot join the gradient's graph: it breaks it on purpose (`_use_grad`, pytorch/pytorch#104053), and
+    its call cost more than its kernel. Equal to the eager steps within float32's rounding (tested): the fused kernel
+    and the traced update order the same arithmetic differently."""
+    exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+    counts = [torch.zeros((), dtype=torch.float32) for _ in params]  # Adam's step count, a tensor as torch keeps it
+    gradient = torch.func.grad(batch_loss)
+
+    def steps(params, exp_avgs, exp_avg_sqs, counts, xs, ys, positions):
+        for j in range(len(positions)):  # unrolled: a graph per chunk length
+            grads = gradient(params, xs[:, j], ys[:, j], positions[j])
+            functional_adam(params, grads, exp_avgs, exp_avg_sqs, [], counts, foreach=False, amsgrad=False,
+                            beta1=cfg.beta_1, beta2=cfg.beta_2, lr=cfg.learning_rate, weight_decay=0.0, eps=cfg.epsilon,
+                            maximize=False)
+
+    torch.compiler.reset()  # a fresh cache, as the torch loop's compile: never torch's recompile limit
+    compiled = torch.compile(steps, fullgraph=True)
+    return lambda xs, ys, positions: compiled(params, exp_avgs, exp_avg_sqs, counts, xs, ys, positions)
 
 
 @torch.no_grad()

@@ -111,9 +111,10 @@ def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
 
 
 def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
-    """#15: the stacked trainer's gradient compiled in one graph (`torch.func.grad` under torch.compile) against
-    autograd's backward, eager: the same weights (each model as alone). One graph for the whole run: traced before
-    Keras's scope slot existed, the first would guard on its absence and the second call recompile."""
+    """#15: the stacked trainer's steps compiled (`torch.func.grad` and torch's functional Adam in one graph,
+    `STEPS_PER_CALL` steps a call) against autograd's backward and `torch.optim.Adam`, eager: the same weights (each
+    model as alone). 3 batches an epoch: a chunk of 2 steps and one of 1, so two graphs for the whole run, each
+    compiled once: traced before Keras's scope slot existed, the first would guard on its absence and recompile."""
     x, y, rows = problem()
     cfg, model = TrainConfig(epochs=3), models.har()
     start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 1)[0]
@@ -121,7 +122,7 @@ def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
     keras.utils.clear_session()  # as in a fresh worker: no scope has run yet
     counters.clear()
     compiled = torch_many.train_many(model, x, y, rows, start, cfg, compile=True, epoch_seconds=epochs)
-    assert len(epochs) == 3 and counters["stats"]["unique_graphs"] == 1
+    assert torch_many.STEPS_PER_CALL == 2 and len(epochs) == 3 and counters["stats"]["unique_graphs"] == 2
     eager = torch_many.train_many(model, x, y, rows, start, cfg)
     for e, c in zip(eager, compiled, strict=True):
         np.testing.assert_allclose(c, e, atol=VMAP_VS_ALONE_ATOL, rtol=0)
