@@ -1,9 +1,10 @@
 import keras
 import numpy as np
 import pytest
+import torch
 from torch._dynamo.utils import counters
 
-from compare.tolerances import VMAP_VS_ALONE_ATOL
+from compare.tolerances import TRACED_VS_FUSED_ADAM_ATOL, VMAP_VS_ALONE_ATOL
 from keras_side import models
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig
@@ -112,9 +113,10 @@ def test_the_stage_breakdown_times_every_stage_of_both_steps(har):
 
 def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
     """#15: the stacked trainer's steps compiled (`torch.func.grad` and torch's functional Adam in one graph,
-    `STEPS_PER_CALL` steps a call) against autograd's backward and `torch.optim.Adam`, eager: the same weights (each
-    model as alone). 3 batches an epoch: a chunk of 2 steps and one of 1, so two graphs for the whole run, each
-    compiled once: traced before Keras's scope slot existed, the first would guard on its absence and recompile."""
+    `STEPS_PER_CALL` steps a call) against autograd's backward and `torch.optim.Adam`'s fused kernel, eager: the same
+    weights (each model as alone). 3 batches an epoch: with an odd count a last chunk of one step, a graph of its own;
+    each graph compiled once: traced before Keras's scope slot existed, the first would guard on its absence and
+    recompile."""
     x, y, rows = problem()
     cfg, model = TrainConfig(epochs=3), models.har()
     start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 1)[0]
@@ -122,7 +124,33 @@ def test_the_compiled_walk_forward_trainer_equals_the_eager_one():
     keras.utils.clear_session()  # as in a fresh worker: no scope has run yet
     counters.clear()
     compiled = torch_many.train_many(model, x, y, rows, start, cfg, compile=True, epoch_seconds=epochs)
-    assert torch_many.STEPS_PER_CALL == 2 and len(epochs) == 3 and counters["stats"]["unique_graphs"] == 2
+    n_batches, per_call = -(-x.shape[1] // cfg.batch_size), torch_many.STEPS_PER_CALL
+    chunk_lengths = {min(per_call, n_batches - b) for b in range(0, n_batches, per_call)}
+    assert len(epochs) == 3 and counters["stats"]["unique_graphs"] == len(chunk_lengths) == 2
     eager = torch_many.train_many(model, x, y, rows, start, cfg)
     for e, c in zip(eager, compiled, strict=True):
-        np.testing.assert_allclose(c, e, atol=VMAP_VS_ALONE_ATOL, rtol=0)
+        np.testing.assert_allclose(c, e, atol=TRACED_VS_FUSED_ADAM_ATOL, rtol=0)
+
+
+def test_the_walk_forward_trainer_is_a_plain_loop_over_each_window():
+    """One model of the stacked trainer against the loop it stands for, written here in plain torch: each epoch the
+    generator's permutation of every row, batches of 128 (the last one short), the mean squared error over the
+    batch's rows inside the window (none inside: a zero gradient, and Adam still steps), `torch.optim.Adam`."""
+    x, y, rows = problem(groups=1, models_per_group=2, n=300)  # 3 batches an epoch
+    cfg = TrainConfig(epochs=3)
+    start = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, 2)[0]
+    trained = torch_many.train_many(models.har(), x, y, rows, start, cfg)
+    for m in range(rows.shape[1]):
+        kernel, bias = (torch.tensor(p[0, m]).requires_grad_() for p in start)
+        adam = torch.optim.Adam([kernel, bias], lr=cfg.learning_rate, betas=(cfg.beta_1, cfg.beta_2), eps=cfg.epsilon)
+        shuffle, xs, ys = torch.Generator().manual_seed(cfg.seed), torch.tensor(x[0]), torch.tensor(y[0])
+        for _ in range(cfg.epochs):
+            order = torch.randperm(x.shape[1], generator=shuffle)
+            for batch in order.split(cfg.batch_size):
+                inside = batch[batch < int(rows[0, m])]
+                adam.zero_grad()
+                error = ((xs[inside] @ kernel + bias - ys[inside]) ** 2).sum() / max(len(inside), 1)
+                error.backward()
+                adam.step()
+        np.testing.assert_allclose(trained[0][0, m], kernel.detach().numpy(), atol=VMAP_VS_ALONE_ATOL, rtol=0)
+        np.testing.assert_allclose(trained[1][0, m], bias.detach().numpy(), atol=VMAP_VS_ALONE_ATOL, rtol=0)
