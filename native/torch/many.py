@@ -42,8 +42,9 @@ def _forward(model):
 
 
 # The compiled walk-forward's steps per call of its graph: each call pays the compiled region's wrapper and guards
-# once, whatever it holds. On the AVX2 machine of docs/speed.md (582 models, 40 epochs, one run each): 952 models/s
-# with 1 step a call, 1,440 with 2, 1,783 with 4; but the compile grows with the steps traced (12, 14, 22 s).
+# once, whatever it holds. On the AVX2 machine of docs/speed.md (582 models, 40 epochs, one run each, float32 step
+# counts then): 952 models/s with 1 step a call, 1,440 with 2, 1,783 with 4; but the compile grows with the steps
+# traced (12, 14, 22 s).
 STEPS_PER_CALL = 2
 
 
@@ -55,9 +56,9 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     MSE) goes back through autograd and `torch.optim.Adam` (fused) steps. `compile=True` compiles whole steps
     instead (`_compiled_steps`): the gradient (`torch.func.grad`) and torch's Adam in its functional form in one
     graph, `STEPS_PER_CALL` steps a call, the same for every batch (all have the same shape, the last one padded).
-    The same weights as eager (tested); on the AVX2 machine of docs/speed.md 2.9 times as fast as the compiled
-    gradient with the stock `Adam.step` after it (646 to 1,890 models/s), after a compile of about 15 s (the first
-    epoch). `epoch_seconds` receives each epoch's wall time."""
+    The same weights as eager (tested); on the AVX2 machine of docs/speed.md twice as fast as the compiled gradient
+    with the stock `Adam.step` after it (`native-loops walk-forward`: 646 to 1,294 models/s), after a compile of 10
+    to 20 s (the first epoch). `epoch_seconds` receives each epoch's wall time."""
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.shape[1] >= 2 ** 24:
         raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
