@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import paths, reference, tolerances
+from compare import reference, tolerances
+from compare.engines import paths
+from compare.engines.runner import Outcome
 from compare.reference import Ols
-from compare.runner import Outcome
 from keras_side.config import HarData, Result
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64
 

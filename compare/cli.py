@@ -14,7 +14,8 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 
-from compare import commands, runner
+from compare import commands
+from compare.engines import runner
 from compare import data as har_data
 from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError

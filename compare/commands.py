@@ -14,7 +14,8 @@ import numpy as np
 
 from compare.speed import bench as bench_paths
 from compare import distributed as dist
-from compare import checks, figures, paths, reference, report, runner, synthetic, tolerances
+from compare import checks, figures, reference, report, synthetic, tolerances
+from compare.engines import paths, runner
 from compare import data as har_data
 from compare.speed import sweep as grid
 from compare.speed import walk_forward as walk

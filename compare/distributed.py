@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner
+from compare.engines import runner
 from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.backend import engine_environment

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from compare import data as har_data
-from compare import runner
+from compare.engines import runner
 from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
@@ -97,7 +97,7 @@ def train_cells(request: dict, send) -> dict:
     """Train every (model, optimizer) with `fit` and each native path from the same weights; send each cell."""
     import keras
 
-    from compare import paths
+    from compare.engines import paths
     from keras_side import fit
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built

@@ -22,7 +22,8 @@ import functools
 
 import pytest
 
-from compare import parity, runner
+from compare import parity
+from compare.engines import runner
 from keras_side.backend import installed_engines
 
 

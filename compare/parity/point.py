@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner, tolerances
+from compare import tolerances
+from compare.engines import runner
 from compare.parity.common import (ParityError, ask, callable_spec, check_engines, loss_spec, mismatches,
                                    reference_engine, require_live, table)
 from keras_side.backend import installed_engines

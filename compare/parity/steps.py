@@ -11,7 +11,7 @@ import time
 import keras
 import numpy as np
 
-from compare import paths
+from compare.engines import paths
 from compare.io import named
 from compare.parity.common import OWN
 from keras_side import fit, models

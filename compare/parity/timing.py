@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner
+from compare.engines import runner
 from compare.parity import common, point, training
 from keras_side.backend import installed_engines
 from keras_side.config import ENGINES

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner, tolerances
+from compare import tolerances
+from compare.engines import runner
 from compare.parity.common import OWN, ParityError, ask, callable_spec, check_engines, require_live, table, worst
 from keras_side.backend import installed_engines
 from keras_side.config import batch_slices, numpy_orders

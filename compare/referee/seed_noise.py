@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner
+from compare.engines import runner
 from compare.checks import Check, within
 from keras_side.config import HarData
 

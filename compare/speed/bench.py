@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import paths, runner
+from compare.engines import paths, runner
 from compare.speed import floors
 from keras_side import cores
 from keras_side.config import HarData, batch_slices, numpy_orders, versions

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import runner
+from compare.engines import runner
 from compare.errors import NativeLoopsError
 from compare.referee.seed_noise import seeds_of
 from keras_side.config import HarData

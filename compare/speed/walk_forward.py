@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from compare import data as har_data
-from compare import runner
+from compare.engines import runner
 from compare.errors import NativeLoopsError
 from keras_side import cores
 from keras_side.spec import TrainConfig

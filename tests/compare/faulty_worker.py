@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from compare import worker
+from compare.engines import worker
 
 
 def wrong_gradients(request, send):

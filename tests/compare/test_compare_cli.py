@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from compare import cli, runner
+from compare import cli
+from compare.engines import runner
 from compare.errors import NativeLoopsError
 from keras_side.backend import JAX_CACHE_VARIABLE
 from keras_side.config import interrupts_held, load_trained

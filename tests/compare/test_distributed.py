@@ -208,7 +208,8 @@ def test_a_walk_forward_that_fails_in_the_worker_is_named(tmp_path):
 def test_a_jax_launch_computes_on_one_thread_a_process_as_the_worker_does(tmp_path, monkeypatch, fit):
     """The throughput ratio is one process against N: a JAX launch gets the workers' one-thread XLA flags (with fit,
     beside its N host devices), as torch's and TensorFlow's launches get one thread from seed_everything."""
-    from compare import distributed, runner
+    from compare import distributed
+    from compare.engines import runner
 
     seen = {}
     monkeypatch.setattr(distributed, "_run", lambda command, env, log: seen.update(command=command, env=env))
@@ -300,7 +301,7 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
 def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
     """The yardstick's run: the same seeded start but one weight one ulp away, so it ends a hair from the plain run
     (the HAR is convex: nowhere near the tolerance), and the plain run is where it was."""
-    from compare import runner
+    from compare.engines import runner
     from keras_side.config import load_trained
 
     har.save(tmp_path / "data.npz")

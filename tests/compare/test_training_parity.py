@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from compare import data as har_data
-from compare import runner
+from compare.engines import runner
 from compare.parity import ParityError, assert_loop_matches_fit
 from keras_side.backend import installed_engines
 from keras_side.config import first, take

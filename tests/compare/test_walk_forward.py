@@ -114,7 +114,7 @@ def test_a_workers_host_devices_join_its_one_thread_flags(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    from compare import runner
+    from compare.engines import runner
 
     seen = {}
 

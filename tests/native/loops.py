@@ -1,7 +1,7 @@
 """The native loop of this pytest process's engine, and helpers the native tests share."""
 import numpy as np
 
-from compare import paths
+from compare.engines import paths
 from tests.native.conftest import ENGINE
 
 loop = paths.loop(ENGINE)

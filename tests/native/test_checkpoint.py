@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from compare import paths
+from compare.engines import paths
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
 from native.checkpoint import CheckpointError, completed
@@ -24,7 +24,7 @@ CFG = TrainConfig(epochs=4, batch_size=256, seed=3)  # 2,263 training days: 9 st
 KILL_AT_STEP = 22  # in the middle of the third epoch: two complete epochs are on disk
 KILLED_RUN = """
 import json, os, signal, sys
-from compare import paths
+from compare.engines import paths
 from keras_side.config import HarData
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig

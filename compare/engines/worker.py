@@ -1,4 +1,5 @@
-"""One engine's process: `python -m compare.worker`, started by the runner with KERAS_BACKEND in its environment.
+"""One engine's process: `python -m compare.engines.worker`, started by the runner with KERAS_BACKEND in its
+environment.
 
 It says `ready` once its engine is imported, then reads one JSON request per line on stdin and answers with JSON
 events on stdout: `progress` while it trains, then `done` (with what it wrote) or `error`. Arrays travel as files
@@ -19,7 +20,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from compare import paths, zoo
+from compare import zoo
+from compare.engines import paths
 from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
@@ -293,7 +295,7 @@ def _walk_torch(w: dict, cfg: TrainConfig) -> dict:
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).
-MANY = {"jax": "native.jax.many", "torch": "native.torch.many"}  # compare.runner.MANY_ENGINES
+MANY = {"jax": "native.jax.many", "torch": "native.torch.many"}  # compare.engines.runner.MANY_ENGINES
 
 
 def seeds(request: dict, send) -> dict:

@@ -27,7 +27,7 @@ from keras_side.config import HarData, interrupts_held
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 
-WORKER = ("-m", "compare.worker")  # test seam: tests point this at a worker that misbehaves on purpose
+WORKER = ("-m", "compare.engines.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker asks for one thread (keras_side.determinism.THREADS; JAX: XLA_ONE_THREAD, which holds only Eigen: XLA's
 # own runtime may use a second core, so the timed commands pin instead: keras_side.cores). A full compare on 2 cores:
 # one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
@@ -48,7 +48,7 @@ STARTUP_LIMIT_S = 900.0
 # Niceness ranks processes across the machine, not within a run: beside other busy jobs the niced workers wait on
 # those instead. NATIVE_LOOPS_NICE sets how much lower (0 to 19; `make test`, which runs two tests at a time: 0).
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
-MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.worker.MANY`)
+MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.engines.worker.MANY`)
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 
