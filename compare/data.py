@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import stat
 import warnings
 from pathlib import Path
@@ -68,6 +69,13 @@ def load_panel(path: str | Path | None = None, *, seed: int = DEFAULT_DATA_SEED)
 
 def validate(frame: pd.DataFrame) -> pd.DataFrame:
     """Check the columns and values; return a clean copy sorted by asset and date."""
+    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]} & set(COLUMNS))
+    if repeated:  # a parquet keeps both; pandas renames a CSV's second one 'rv_5min.1' (below), and we'd read the first
+        raise HarDataError(f"column(s) {', '.join(map(repr, repeated))} appear more than once; keep one of each")
+    renamed = [f"{c}.1" for c in COLUMNS if f"{c}.1" in frame.columns]
+    if renamed:
+        raise HarDataError(f"column {renamed[0][:-2]!r} appears more than once (pandas named the second "
+                           f"{renamed[0]!r}); keep one of each")
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         if len(frame.columns) == 1 and ";" in str(frame.columns[0]):
@@ -112,15 +120,25 @@ def validate(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["activo", "fecha"], ignore_index=True)
 
 
+# A date written day or month first ("02/01/2008"). pandas guesses the order from the first value, then reads a value
+# that does not fit it (a day over 12) the other way, so a day-first file would load with 1 February for 2 January.
+DAY_MONTH_FIRST = re.compile(r"\s*\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}\b")
+
+
 def _calendar_days(values: pd.Series) -> pd.Series:
     """Dates as naive timestamps, each row keeping its own calendar date: a daily panel's day is the day it was
     recorded in, whatever its time zone. Dates with one time zone drop it; dates with several offsets (an export
     across a daylight-saving change), some with a zone and some without, or in several formats, are read one by
     one. A time of day is dropped too (two rows of one day are a duplicate); numbers are refused (pandas would read
-    them as nanoseconds since 1970)."""
+    them as nanoseconds since 1970), and so are dates written day or month first (`DAY_MONTH_FIRST`)."""
     if pd.api.types.is_numeric_dtype(values):
         raise HarDataError(f"column 'fecha' holds numbers ({values.iloc[0]}, ...), not dates; write them as "
                            "YYYY-MM-DD")
+    if not pd.api.types.is_datetime64_any_dtype(values):
+        ambiguous = values[values.astype(str).str.match(DAY_MONTH_FIRST)]
+        if len(ambiguous):
+            raise HarDataError(f"column 'fecha' has dates like {ambiguous.iloc[0]!r}, which read day first or month "
+                               "first as well; write them as YYYY-MM-DD")
     try:
         with warnings.catch_warnings():  # "Could not infer format": pandas then reads each value alone, as we want
             warnings.simplefilter("ignore", UserWarning)

@@ -32,6 +32,8 @@ def files(tmp_path_factory, panel):
     no_date.loc[[9, 12], "fecha"] = None  # read as NaT, a date of its own, until they were refused
     no_asset.loc[5, "activo"] = None
     (folder / "garbage.parquet").write_bytes(b"this is not parquet")
+    good.assign(fecha=good["fecha"].dt.strftime("%d/%m/%Y")).to_csv(folder / "day_first.csv", index=False)
+    pd.concat([good, good[["rv_5min"]]], axis=1).to_csv(folder / "twice.csv", index=False)  # read as 'rv_5min.1'
     return {
         "good": write("good.parquet", good),
         "missing": str(folder / "nope.parquet"),
@@ -44,6 +46,8 @@ def files(tmp_path_factory, panel):
         "flat": write("flat.parquet", flat),
         "no_date": write("no_date.parquet", no_date),
         "no_asset": write("no_asset.parquet", no_asset),
+        "day_first": str(folder / "day_first.csv"),
+        "twice": str(folder / "twice.csv"),
     }
 
 
@@ -63,6 +67,8 @@ CASES = [
     (["--data", "good", "--split", "someday"], "--split 'someday' is not a date"),
     (["--data", "no_date"], "column 'fecha' has 2 empty value(s) (the first in data row 10); every row needs its date"),
     (["--data", "no_asset"], "column 'activo' has 1 empty value(s) (the first in data row 6)"),
+    (["--data", "day_first"], "column 'fecha' has dates like '02/01/2008', which read day first or month first"),
+    (["--data", "twice"], "column 'rv_5min' appears more than once (pandas named the second 'rv_5min.1')"),
     # values pandas reads as a Timestamp but not as a calendar day: empty or NaT, with a time zone, year -1
     (["--split", ""], "--split '' is not a date; write it as YYYY-MM-DD"),
     (["--end", "nan"], "--end 'nan' is not a date"),

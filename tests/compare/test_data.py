@@ -172,9 +172,15 @@ def test_scaling_maps_back_to_original_units(har, ols_fit):
         (lambda f: f.assign(rendimiento=(f["rendimiento"] > 0).astype(object).where(f.index != 4)),  # one missing
          "column 'rendimiento' holds True/False, not numbers"),
         (lambda f: f.assign(fecha=f.index % 2 == 0), "column 'fecha' holds True/False, not dates"),
+        # pandas would read these month first, and a day over 12 day first: 2 January as 1 February, and so on
+        (lambda f: f.assign(fecha=f["fecha"].dt.strftime("%d/%m/%Y")),
+         "column 'fecha' has dates like '02/01/2008', which read day first or month first as well; write them as "
+         "YYYY-MM-DD"),
+        (lambda f: f.assign(fecha=f["fecha"].dt.strftime("%m.%d.%y")), "column 'fecha' has dates like '01.02.08'"),
+        (lambda f: pd.concat([f, f[["rv_5min"]]], axis=1), "column(s) 'rv_5min' appear more than once"),
     ],
     ids=["misspelled", "non-positive", "nan", "duplicate", "bad-date", "numbers-as-dates", "same-day", "booleans",
-         "booleans-and-missing", "boolean-dates"],
+         "booleans-and-missing", "boolean-dates", "day-first", "month-first", "repeated-column"],
 )
 def test_validate_rejects(panel, mutate, message):
     with pytest.raises(HarDataError) as err:
