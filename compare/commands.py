@@ -260,10 +260,17 @@ def bench(args: argparse.Namespace) -> int:
     engines = parse_engines(args.engines)
     if args.repeats < 1:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
-    if args.json:
-        check_writable(args.json)  # before the benchmark, not after it
+    if args.json:  # before the benchmark, not after it
+        if Path(args.json).suffix.lower() != ".json":
+            raise NativeLoopsError(f"--json {args.json!r}: the timings are written as JSON; give a file name ending "
+                                   "in .json")
+        if exists(args.json, "--json"):
+            raise NativeLoopsError(f"--json {args.json!r} already exists; choose a new file (nothing is overwritten)")
+        check_writable(args.json)
     models = [] if args.models is None else list(zoo_matrix.MODELS) if args.models == "all" else parse_names(
-        args.models, zoo_matrix.MODELS, "model")
+        args.models, zoo_matrix.MODELS + ("all",), "model")
+    if "all" in models:
+        raise NativeLoopsError("--models all names every model already; give it alone, or list the models")
     cfg = train_config(args)
     panel, source = load(args)
     prepared, _ = prepare_har(args, panel, source)

@@ -3,6 +3,8 @@ import json
 import os
 import re
 
+import pytest
+
 from compare import cli
 from compare import data as har_data
 from keras_side import cores
@@ -70,6 +72,24 @@ def test_an_unknown_model_is_one_line_before_anything_runs(capsys):
     assert cli.main(["bench", "--models", "resnet"]) == 2
     err = capsys.readouterr().err
     assert "unknown model(s) resnet" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--json", "{tmp}/mine.json"], "--json '{tmp}/mine.json' already exists; choose a new file (nothing is "
+                                    "overwritten)"),
+    (["--json", "{tmp}/data.csv"], "the timings are written as JSON; give a file name ending in .json"),
+    (["--models", "all,har"], "--models all names every model already; give it alone, or list the models"),
+    (["--models", "resnet"], "unknown model(s) resnet; --models takes a comma-separated list of har, "),
+])
+def test_bad_options_are_one_line_before_anything_runs(tmp_path, capsys, args, message):
+    """An existing file is never overwritten (a data file named by mistake would be lost after the whole run)."""
+    (tmp_path / "mine.json").write_text("{}")
+    (tmp_path / "data.csv").write_text("fecha\n")
+    assert cli.main(["bench"] + [a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message.replace("{tmp}", str(tmp_path)) in err and err.count("\n") == 1, err
+    assert (tmp_path / "mine.json").read_text() == "{}" and (tmp_path / "data.csv").read_text() == "fecha\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv", "mine.json"]
 
 
 def test_a_zoo_model_has_floors_only_where_they_are_its_step():
