@@ -123,11 +123,13 @@ class Checkpoints:
     def _read(self, epoch: int, folder: Path) -> Saved:
         try:
             state = json.loads((folder / "state.json").read_text())
-            if state.get("format") != FORMAT or state.get("epoch") != epoch:
+            if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("epoch") != epoch:
                 raise ValueError("unknown format")
             if not all(key in state for key in (*self.identity, "curves")):
                 raise KeyError("a field is missing")
-        except (OSError, ValueError, KeyError) as err:
+            if not (isinstance(state["spec"], dict) and _curves_of(state["curves"], epoch)):
+                raise TypeError("a field is not what it should be")
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"checkpoint {folder} is damaged ({type(err).__name__}); start afresh in an empty "
                                   "folder") from None
         for key in ("engine", "path", "model", "data"):
@@ -192,6 +194,18 @@ class Checkpoints:
                     os.rename(folder, trash)
                     shutil.rmtree(trash, ignore_errors=True)
         return final
+
+
+def _curves_of(curves, epochs: int) -> bool:
+    """Whether `curves` are a run's after `epochs` epochs: a loss per epoch, and a validation loss per epoch or none
+    (the metrics' values are each loop's own form)."""
+    def numbers(values, counts):
+        return isinstance(values, list) and len(values) in counts and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+    return isinstance(curves, dict) and numbers(curves.get("loss"), (epochs,)) and numbers(
+        curves.get("val_loss"), (0, epochs)) and all(isinstance(curves.get(k, []), (list, dict))
+                                                     for k in ("metrics", "val_metrics"))
 
 
 def fresh_curves() -> dict:

@@ -84,7 +84,13 @@ def snapshot(folder):
     (lambda: dict(build=lambda: __import__("keras_side.models").models.har()), "is of another model"),
     (lambda: dict(cfg=CFG.replace(epochs=1)), "is at epoch 2, past this run's 1 epochs"),
     (lambda: dict(resume=False), "holds the checkpoints of a run \\(epoch 2\\); pass resume"),
-    (lambda: dict(damage=True), "is damaged \\(JSONDecodeError\\); start afresh"),
+    (lambda: dict(damage="{not json"), "is damaged \\(JSONDecodeError\\); start afresh"),
+    # JSON, but not a checkpoint's: each was a traceback from deep in the loop (AttributeError, TypeError)
+    (lambda: dict(damage="[]"), "is damaged \\(ValueError\\); start afresh"),
+    (lambda: dict(damage={"spec": 5}), "is damaged \\(TypeError\\); start afresh"),
+    (lambda: dict(damage={"curves": []}), "is damaged \\(TypeError\\); start afresh"),
+    (lambda: dict(damage={"curves": {"loss": 5, "val_loss": [], "metrics": []}}), "is damaged \\(TypeError\\)"),
+    (lambda: dict(damage={"curves": {"loss": [0.5], "val_loss": [], "metrics": []}}), "is damaged \\(TypeError\\)"),
     (lambda: dict(damage="engine"), "is damaged: its engine state cannot be read"),
     (lambda: dict(data="fewer rows"), 'is of another data \\("2263 rows, sha256 .*this run: "2000 rows'),
 ])
@@ -98,8 +104,11 @@ def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_p
         for f in (folder / "epoch-0002" / "engine").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"damaged")
+    elif isinstance(damage, dict):  # fields of state.json replaced
+        state = folder / "epoch-0002" / "state.json"
+        state.write_text(json.dumps(json.loads(state.read_text()) | damage))
     elif damage:
-        (folder / "epoch-0002" / "state.json").write_text("{not json")
+        (folder / "epoch-0002" / "state.json").write_text(damage)
     (folder / ".epoch-0003.tmp-1").mkdir()  # a write a killed run left: a refused resume leaves it too
     before = snapshot(folder), sorted(p.name for p in folder.iterdir())
     build, cfg = options.pop("build", stateful_mlp), options.pop("cfg", CFG)
