@@ -132,13 +132,16 @@ def sweep(path: Path, val_mse: dict[str, np.ndarray], rates: list[float], sizes:
                              squeeze=False)
     for ax, (engine, grid) in zip(axes[0], val_mse.items()):
         excess = grid / ols - 1
-        top = max(np.nanmax(excess), 1e-6)  # a power scale, so the cells near OLS are told apart too
-        image = ax.imshow(np.maximum(excess, 0), cmap="viridis_r", aspect="auto",
+        finite = np.isfinite(excess)  # a cell that diverged is left blank
+        top = max(excess[finite].max(initial=0.0), 1e-6)  # a power scale, so the cells near OLS are told apart too
+        image = ax.imshow(np.where(finite, np.maximum(excess, 0), np.nan), cmap="viridis_r", aspect="auto",
                           norm=matplotlib.colors.PowerNorm(0.3, vmin=0, vmax=top))
         for (i, j), v in np.ndenumerate(excess):
-            ax.text(j, i, f"{v:+.1%}", ha="center", va="center", fontsize=7, color="white" if v > 0.1 * top else "black")
-        i, j = np.unravel_index(np.nanargmin(grid), grid.shape)
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+            ax.text(j, i, f"{v:+.1%}" if finite[i, j] else "diverged", ha="center", va="center", fontsize=7,
+                    color="white" if v > 0.1 * top else "black")
+        if finite.any():  # the best cell boxed
+            i, j = np.unravel_index(np.argmin(np.where(finite, grid, np.inf)), grid.shape)
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
         ax.set_yticks(range(len(sizes)), [str(s) for s in sizes])
         ax.set(xlabel="learning rate", ylabel="batch size", title=f"{engine}: validation MSE vs OLS")

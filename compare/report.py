@@ -385,6 +385,9 @@ def print_sweep(found: dict, best: dict, rates: list[float], sizes: list[int], o
             table.add_row(str(size), *[f"{v:.5f}" for v in f["val_mse"][i]])
         console().print(table)
         b = best[engine]
+        if b is None:
+            console().print(f"{engine}: every cell diverged (no finite validation MSE); try smaller learning rates")
+            continue
         console().print(f"{engine}: best lr {b['learning_rate']:g}, batch size {b['batch_size']}: "
                         f"{b['val_mse']:.5f} ({b['val_mse'] / ols_val_mse - 1:+.2%} against OLS); "
                         f"{f['seconds']:.2f} s training, {f['compile_seconds']:.2f} s compiling")

@@ -54,7 +54,10 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, le
     return found
 
 
-def best(val_mse: np.ndarray, learning_rates: list[float], batch_sizes: list[int]) -> dict:
-    """The cell with the lowest mean validation MSE."""
-    i, j = np.unravel_index(np.nanargmin(val_mse), val_mse.shape)
+def best(val_mse: np.ndarray, learning_rates: list[float], batch_sizes: list[int]) -> dict | None:
+    """The cell with the lowest mean validation MSE, of those that did not diverge (not finite); None when all did."""
+    finite = np.isfinite(val_mse)
+    if not finite.any():
+        return None
+    i, j = np.unravel_index(np.argmin(np.where(finite, val_mse, np.inf)), val_mse.shape)
     return {"batch_size": batch_sizes[i], "learning_rate": learning_rates[j], "val_mse": float(val_mse[i, j])}

@@ -83,11 +83,30 @@ def test_seeds_end_to_end(tmp_path, capsys):
 
 def test_sweep_end_to_end(tmp_path):
     out = tmp_path / "run"
-    assert cli.main(["sweep", "--learning-rates", "0.003,0.03", "--batch-sizes", "64,256", "--seeds", "2",
+    assert cli.main(["sweep", "--learning-rates", "0.003,0.03,1e30", "--batch-sizes", "64,256", "--seeds", "2",
                      "--epochs", "3", "--engines", "jax", "--out", str(out)]) == 0
     found = json.loads((out / "sweep.json").read_text())
     grid = np.array(found["engines"]["jax"]["val_mse"])
-    assert grid.shape == (2, 2) and np.all(grid > found["ols_val_mse"] * 0.9)
+    assert grid.shape == (2, 3) and not np.isfinite(grid[:, 2]).any()  # a rate of 1e30 diverges: left out of the best
+    grid = grid[:, :2]
+    assert np.all(grid > found["ols_val_mse"] * 0.9)
     assert found["best"]["jax"]["val_mse"] == pytest.approx(grid.min())
     assert grid[1, 0] > grid[0, 1]  # 3 epochs: a small rate on big batches is the furthest from OLS
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]
+
+
+def test_a_sweep_whose_every_cell_diverged_says_so(tmp_path, capsys):
+    """No best cell then (it was a traceback after the whole sweep), a line that says what to change, and the figure
+    with its cells marked."""
+    from compare import figures, report
+    from compare.speed import sweep
+
+    grid = np.array([[np.nan, np.inf], [np.nan, np.nan]])
+    assert sweep.best(grid, [1e3, 1e4], [64, 256]) is None
+    assert sweep.best(np.array([[np.nan, 0.5], [0.4, np.inf]]), [1e3, 1e4], [64, 256]) == {
+        "batch_size": 256, "learning_rate": 1e3, "val_mse": 0.4}
+    report.print_sweep({"jax": {"val_mse": grid, "seconds": 1.0, "compile_seconds": 0.5}}, {"jax": None},
+                       [1e3, 1e4], [64, 256], 0.14, 2)
+    assert "jax: every cell diverged (no finite validation MSE); try smaller learning rates" in capsys.readouterr().out
+    figures.sweep(tmp_path / "sweep.png", {"jax": grid}, [1e3, 1e4], [64, 256], 0.14)
+    assert (tmp_path / "sweep.png").stat().st_size > 0
