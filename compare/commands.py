@@ -367,10 +367,14 @@ def zoo(args: argparse.Namespace) -> int:
     kinds = {zoo_matrix.ZOO[m].data for m in models}
     if args.asset_given and kinds == {"panel"}:
         refuse_asset(args, f"--models {args.models} trains on every asset of the panel")
-    for kind in kinds:  # bad --asset/--split/--end, or too many --epochs, stop here, before any worker
+    for kind in sorted(kinds):  # bad --asset/--split/--end, too many --epochs or --rows stop here, before any worker
         prepared = har_data.prepare_kind(panel, kind, asset=args.asset, split=args.split, end=args.end,
                                          validation=args.validation)
-        check_epochs(cfg, min(prepared.n_train, args.rows or prepared.n_train))
+        if args.rows is not None and args.rows > prepared.n_train:
+            of = ", ".join(m for m in models if zoo_matrix.ZOO[m].data == kind)
+            raise NativeLoopsError(f"--rows {args.rows:,}: more than the {prepared.n_train:,} training rows of {of}; "
+                                   "ask for at most that many, or leave --rows out for all")
+        check_epochs(cfg, args.rows or prepared.n_train)
     out = Path(args.out) if args.out else default_out()
     cells = len(models) * len(optimizers) * sum(len(zoo_matrix.paths_on(e, args.fast_paths)) for e in engines)
     with atomic_folder(out) as tmp, report.cell_progress(cells) as on_cell:

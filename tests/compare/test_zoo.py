@@ -95,9 +95,10 @@ def test_every_optimizer_setting_on_a_regularized_model(tmp_path):
     (["--models", "har,bn_mlp,har"], "--models names har more than once"),
     (["--optimizers", "lion"], "unknown optimizer(s) lion"),
     (["--rows", "0"], "--rows must be at least 1"),
+    (["--rows", "99999999"], "--rows 99,999,999: more than the 2,263 training rows of classifier;"),  # not capped
     (["--epochs", "0"], "--epochs must be at least 1"),
     (["--engines", "torch,mxnet"], "unknown engine(s) mxnet"),
-], ids=["model", "repeated", "optimizer", "rows", "epochs", "engine"])
+], ids=["model", "repeated", "optimizer", "rows", "too-many-rows", "epochs", "engine"])
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, args, message):
     code, out, err = run_cli([*args, "--out", str(tmp_path / "run")])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
