@@ -66,6 +66,7 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="native-loops", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
+    top.subcommands = sub.choices  # name -> its parser
 
     p = sub.add_parser("data", help="write the synthetic panel and summarize a data set")
     _data_options(p)
@@ -362,8 +363,11 @@ def _discard(stream) -> None:
 
 
 def _command(argv: list[str] | None) -> int:
+    top = parser()
     try:
-        args = parser().parse_args(argv)
+        args, unknown = top.parse_known_args(argv)
+        if unknown:  # the subcommand's error, so that its line points at that subcommand's --help
+            top.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:  # --help (0), or argparse's one-line error (2): returned, as every other outcome
         return stop.code
     if hasattr(args, "asset_default"):

@@ -261,12 +261,12 @@ def bench(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise NativeLoopsError(f"--repeats must be at least 1, got {args.repeats}")
     if args.json:  # before the benchmark, not after it
+        check_writable(args.json)  # a folder, a missing folder, no permission
         if Path(args.json).suffix.lower() != ".json":
             raise NativeLoopsError(f"--json {args.json!r}: the timings are written as JSON; give a file name ending "
                                    "in .json")
         if exists(args.json, "--json"):
             raise NativeLoopsError(f"--json {args.json!r} already exists; choose a new file (nothing is overwritten)")
-        check_writable(args.json)
     models = [] if args.models is None else list(zoo_matrix.MODELS) if args.models == "all" else parse_names(
         args.models, zoo_matrix.MODELS + ("all",), "model")
     if "all" in models:

@@ -129,7 +129,8 @@ TRAINING_CASES = [
     # argparse's own errors, in the same one line
     (["train", "--path", "jax-native", "--epochs", "abc"], "argument --epochs: invalid int value: 'abc'; see "
                                                            "`native-loops train --help`"),
-    (["compare", "--bogus"], "unrecognized arguments: --bogus"),
+    (["compare", "--bogus"], "unrecognized arguments: --bogus; see `native-loops compare --help`"),
+    (["data", "--epochs", "3"], "unrecognized arguments: --epochs 3; see `native-loops data --help`"),
 ]
 
 
