@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per path (default: %(default)s)")
     p.add_argument("--models", default=None, help="comma-separated zoo models to time too (fit, the native loop, "
                    "JAX's fused scan), or 'all'; `native-loops models` lists them")
-    p.add_argument("--json", type=_path, metavar="FILE", help="also write the timings as JSON")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the timings as JSON, to a new file")
 
     p = sub.add_parser("walk-forward", help="refit the HAR every 21 sessions for every asset: JAX vmap vs OLS")
     _data_options(p, asset_help="asset whose forecasts forecasts.png shows (default: the first of --assets)",
