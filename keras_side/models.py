@@ -187,7 +187,11 @@ def drawing_layers(model: keras.Model) -> list[layers.Layer]:
 
 
 def ensure_built(model: keras.Model, x) -> keras.Model:
-    """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built)."""
+    """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built). What a model
+    builder returned: anything but a `keras.Model` is a TypeError naming it."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"the model builder returned {type(model).__name__}, not a keras.Model; return the model "
+                        "(a layer goes in keras.Sequential([...]))")
     if not model.built or not model.weights:
         model(keras_inputs(take(x, slice(0, 1))))
     return model

@@ -322,7 +322,11 @@ def _one_loss(name: str, from_logits: bool):
     if name in LOSSES:
         options = {"from_logits": from_logits} if name in LOGIT_LOSSES else {}
         return getattr(keras.losses, LOSSES[name])(**options)
-    return keras.losses.LossFunctionWrapper(resolve(name), name=name.split(":")[1])
+    # What `compile(loss=fn)` wraps a plain function in (keras/src/trainers/compile_utils.py), so that every path
+    # computes the loss as `fit` does; Keras 3.15 exports no public name for it (keras.losses has none).
+    from keras.src.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper(resolve(name), name=name.split(":")[1])
 
 
 def keras_loss(cfg: TrainConfig):

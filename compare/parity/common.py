@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
+import numbers
 import re
 import time
 
@@ -105,10 +107,49 @@ def require_live(pool, engines) -> None:
 
 
 def check_engines(wanted) -> list[str]:
+    """The engines asked for: a list of names, or one string ("torch", or "torch,jax")."""
+    if isinstance(wanted, str):
+        wanted = [e.strip() for e in wanted.split(",")]
     unknown = [e for e in wanted if e not in ENGINES]
     if unknown:
-        raise ParityError(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+        raise ParityError(f"unknown engine(s) {', '.join(map(str, unknown))}; choose from {', '.join(ENGINES)}")
     return list(wanted)
+
+
+def check_tolerances(rtol, atol) -> None:
+    """A tolerance is a finite number >= 0: a NaN one would let every difference through (a comparison with NaN is
+    false), a negative one fail equal values."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+            raise ParityError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def examples(x, y) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """x and y as lists of arrays (a list or tuple is several inputs, or outputs), each with one row per example:
+    as many rows in each, at least one, every float finite. Returns (xs, ys, rows)."""
+    xs, ys = _arrays(x, "x"), _arrays(y, "y")
+    lengths = {len(a) for a in (*xs, *ys)}
+    if len(lengths) != 1:
+        hint = "; a list is several inputs: give one array for one input" if isinstance(x, list) else ""
+        raise ParityError(f"x and y must have the same number of rows; got {sorted(lengths)}{hint}")
+    rows = lengths.pop()
+    if rows == 0:
+        raise ParityError("x and y have no rows; give at least one example")
+    for what, arrays in (("x", xs), ("y", ys)):
+        for a in arrays:
+            if np.issubdtype(a.dtype, np.inexact):
+                bad = ~np.isfinite(a.reshape(rows, -1)).all(axis=1)
+                if bad.any():
+                    raise ParityError(f"{what} holds NaN or inf (first in row {int(np.argmax(bad))}), which every "
+                                      "engine would carry alike, so no parity can be judged: drop or fill those rows")
+    return xs, ys, rows
+
+
+def _arrays(a, what: str) -> list[np.ndarray]:
+    arrays = [np.asarray(p) for p in (a if isinstance(a, (list, tuple)) else [a])]
+    if not arrays or any(p.ndim == 0 or p.dtype == object for p in arrays):
+        raise ParityError(f"{what} must be an array with one row per example, or a list of such arrays")
+    return arrays
 
 
 def worst(got, want, rtol: float, atol: float):

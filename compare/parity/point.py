@@ -18,15 +18,15 @@ import numpy as np
 
 from compare import tolerances
 from compare.engines import runner
-from compare.parity.common import (ParityError, ask, callable_spec, check_engines, loss_spec, mismatches,
-                                   reference_engine, require_live, table)
+from compare.parity.common import (ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
+                                   loss_spec, mismatches, reference_engine, require_live, table)
 from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
 
 
 def _save_inputs(path: Path, x, y) -> None:
-    xs = list(x) if isinstance(x, (list, tuple)) else [x]
-    np.savez(path, y=np.asarray(y), n_inputs=len(xs), **{f"x{i}": np.asarray(a) for i, a in enumerate(xs)})
+    xs, (y,), _ = examples(x, np.asarray(y))
+    np.savez(path, y=y, n_inputs=len(xs), **{f"x{i}": a for i, a in enumerate(xs)})
 
 
 def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol: float = tolerances.PARITY_RTOL,
@@ -66,13 +66,15 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
         Each engine's outputs, {layer name: array}, in the model's layer order (float32; an input keeps its dtype).
     """
     request = {"build": callable_spec(build_model), "training": training}
-    first = x[0] if isinstance(x, (list, tuple)) else x
-    return _run(request, x, np.zeros((len(first), 1), np.float32), engines, seed, weights, pool, "forward", rtol,
-                atol)
+    first = x[0] if isinstance(x, (list, tuple)) and len(x) else x
+    rows = len(first) if np.ndim(first) else 0  # no targets: as many zeros as x has rows (a bad x is refused below)
+    return _run(request, x, np.zeros((rows, 1), np.float32), engines, seed, weights, pool, "forward", rtol, atol)
 
 
 def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     wanted = check_engines(engines or installed_engines())
+    check_tolerances(rtol, atol)
+    examples(x, np.asarray(y))  # bad data is one ParityError before any worker starts
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
@@ -98,6 +100,9 @@ def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
         names = [str(n) for n in z["names"]]
         shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
         frozen = {k: z[k] for k in z.files if k.startswith("frozen")}  # non-trainable values, set on every engine
+    if not names and kind == "grads":
+        raise ParityError(f"{request['build']} has no trainable weights, so there is no gradient to compare; "
+                          "unfreeze a layer (trainable=True), or compare the outputs (assert_forward_match)")
     if weights is None:
         weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
     else:

@@ -24,7 +24,8 @@ import numpy as np
 
 from compare import tolerances
 from compare.engines import runner
-from compare.parity.common import OWN, ParityError, ask, callable_spec, check_engines, require_live, table, worst
+from compare.parity.common import (OWN, ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
+                                   require_live, table, worst)
 from keras_side.backend import installed_engines
 from keras_side.config import batch_slices, numpy_orders
 from keras_side.spec import SpecError, TrainConfig
@@ -166,25 +167,11 @@ def _config(spec, batch_size, seed) -> TrainConfig:
     return cfg
 
 
-def _arrays(a, what: str) -> list[np.ndarray]:
-    arrays = [np.asarray(p) for p in (a if isinstance(a, (list, tuple)) else [a])]
-    if not arrays or any(p.ndim == 0 for p in arrays):
-        raise ParityError(f"{what} must be an array with one row per example, or a list of such arrays")
-    return arrays
-
-
-def _length(xs, ys) -> int:
-    lengths = {len(a) for a in (*xs, *ys)}
-    if len(lengths) != 1:
-        raise ParityError(f"x and y must have the same number of rows; got {sorted(lengths)}")
-    return lengths.pop()
-
-
 def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, atol, pool):
     __tracebackhide__ = True  # pytest shows the report, not this module's frames
     cfg = _config(spec, batch_size, seed)
-    xs, ys = _arrays(x, "x"), _arrays(y, "y")
-    n = _length(xs, ys)
+    check_tolerances(rtol, atol)
+    xs, ys, n = examples(x, y)
     per_epoch = math.ceil(n / cfg.batch_size)
     if steps is not None and epochs is not None:
         raise ParityError("give steps or epochs, not both")
@@ -207,6 +194,9 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
             with np.load(tmp / "init.npz") as z:
                 names, trainable = [str(s) for s in z["names"]], [bool(t) for t in z["trainable"]]
                 size = sum(z[f"w_{i}"].size for i in range(len(names)))
+            if not any(trainable):
+                raise ParityError(f"{build} has no trainable weights, so nothing trains; unfreeze a layer "
+                                  "(trainable=True) or give another model")
             values = size * (total + 1) * sum(map(len, runs.values()))
             if values > MAX_VALUES:
                 raise ParityError(f"{total} steps of {size:,} weights on {sum(map(len, runs.values()))} paths is "

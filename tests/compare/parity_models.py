@@ -62,6 +62,30 @@ def failing_model():
     raise RuntimeError("this builder always fails")
 
 
+def a_layer():
+    """Not a model: a builder's mistake."""
+    return layers.Dense(1)
+
+
+class SqrtBelowTen(layers.Layer):
+    """sqrt(x - 10): NaN for every input under 10, and so is the gradient behind it."""
+
+    def call(self, x):
+        return ops.sqrt(x - 10.0)
+
+
+def nan_inside():
+    """Finite inputs, a NaN output and a NaN gradient on every engine."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(2), SqrtBelowTen(), layers.Dense(1)])
+
+
+def all_frozen():
+    """Nothing to train: its only layer frozen."""
+    model = keras.Sequential([keras.Input((3,)), layers.Dense(1)])
+    model.trainable = False
+    return model
+
+
 def log_cosh(y_true, y_pred):
     """A loss written with keras.ops."""
     return ops.mean(ops.log(ops.cosh(y_pred - y_true)), axis=-1)

@@ -66,6 +66,35 @@ def test_unimportable_builder_is_a_clear_error():
         assert_gradients_match(parity_models.har, X3, Y, engines=["jax", "mxnet"])
 
 
+@pytest.mark.parametrize("call, message", [
+    # a NaN tolerance let every difference through (a comparison with NaN is false); a negative one failed equal ones
+    (lambda g, f: g(parity_models.skewed_middle, X3, Y, rtol=float("nan")), "rtol must be a finite number >= 0"),
+    (lambda g, f: f(parity_models.skewed_middle, X3, atol=-1e-6), "atol must be a finite number >= 0, got -1e-06"),
+    (lambda g, f: g(parity_models.har, X3, Y, atol="1e-3"), "atol must be a finite number >= 0, got '1e-3'"),
+    # no rows passed (every gradient 0), and rows that differ were each engine's own broadcasting error
+    (lambda g, f: g(parity_models.skewed_middle, X3[:0], Y[:0]), "x and y have no rows; give at least one"),
+    (lambda g, f: f(parity_models.skewed_middle, X3[:0]), "x and y have no rows; give at least one"),
+    (lambda g, f: g(parity_models.har, X3, Y[:50]), "x and y must have the same number of rows; got \\[50, 64\\]"),
+    (lambda g, f: f(parity_models.har, np.where(np.arange(64)[:, None] == 7, np.inf, X3)),
+     "x holds NaN or inf \\(first in row 7\\)"),
+    (lambda g, f: g(parity_models.har, {"x": X3}, Y), "x must be an array with one row per example"),
+    (lambda g, f: g(parity_models.all_frozen, X3, Y), "all_frozen has no trainable weights, so there is no "
+                                                       "gradient to compare"),
+    (lambda g, f: g(parity_models.a_layer, X3, Y), "the model builder returned Dense, not a keras.Model"),
+])
+def test_bad_calls_are_one_clear_error(grad_parity, forward_parity, call, message):
+    with pytest.raises(ParityError, match=message):
+        call(grad_parity, forward_parity)
+
+
+def test_engines_may_be_one_string():
+    from compare.parity.common import check_engines
+
+    assert check_engines("torch") == ["torch"] and check_engines("jax, tensorflow") == ["jax", "tensorflow"]
+    with pytest.raises(ParityError, match="unknown engine\\(s\\) mxnet"):
+        check_engines("torch,mxnet")
+
+
 def test_failing_builder_names_the_callable(grad_parity):
     with pytest.raises(ParityError, match="tests.compare.parity_models:failing_model.*always fails"):
         grad_parity(parity_models.failing_model, X3, Y)
@@ -111,12 +140,11 @@ def test_your_own_weights_are_checked_against_the_model(grad_parity):
 
 
 def test_a_nan_gradient_fails(grad_parity):
-    """NaN compares false with everything: a check that only asks `excess > 0` would pass it. One NaN input makes
-    every engine's gradient NaN, and the check fails naming the weights."""
-    x = X3.copy()
-    x[5, 1] = np.nan
+    """NaN compares false with everything: a check that only asks `excess > 0` would pass it. A model whose output is
+    NaN on finite inputs makes every engine's gradient NaN, and the check fails naming the weights (NaN inputs are
+    refused before any engine runs: `test_bad_calls_are_one_clear_error`)."""
     with pytest.raises(AssertionError, match="nan"):
-        grad_parity(parity_models.har, x, Y)
+        grad_parity(parity_models.nan_inside, X3, Y)
 
 
 @pytest.mark.parametrize("build, x", [(parity_models.har, X3), (parity_models.lstm_model, RNG.normal(size=(16, 6, 2))),

@@ -171,6 +171,17 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
     (lambda t, lp: t(parity_models.har, X, Y, steps=2, epochs=1), "give steps or epochs, not both"),
     (lambda t, lp: t(parity_models.har, X, Y, steps=0), "steps must be a whole number >= 1"),
     (lambda t, lp: t(parity_models.har, X, Y[:10]), "x and y must have the same number of rows"),
+    (lambda t, lp: t(parity_models.har, list(X), Y), "same number of rows; got \\[3, 64\\]; a list is several inputs"),
+    (lambda t, lp: t(parity_models.har, X[:0], Y[:0]), "x and y have no rows; give at least one example"),
+    (lambda t, lp: t(parity_models.har, np.where(np.arange(64)[:, None] == 5, np.nan, X), Y),
+     "x holds NaN or inf \\(first in row 5\\), which every engine would carry alike"),
+    # a NaN tolerance let every difference through (a comparison with NaN is false), a negative one failed equal runs
+    (lambda t, lp: t(parity_models.har, X, Y, rtol=float("nan")), "rtol must be a finite number >= 0, got nan"),
+    (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine="torch", atol=-1.0),
+     "atol must be a finite number >= 0, got -1.0"),
+    (lambda t, lp: t(parity_models.a_layer, X, Y, **FAST), "the model builder returned Dense, not a keras.Model"),
+    (lambda t, lp: t(parity_models.all_frozen, X, Y, **FAST), "all_frozen has no trainable weights, so nothing "
+                                                              "trains"),
     (lambda t, lp: t(parity_models.har, X, Y, spec={"optimiser": "sgd"}), "spec: .*unexpected keyword"),
     (lambda t, lp: t(parity_models.har, X, Y, spec={"optimizer": "lion"}), "spec: unknown optimizer 'lion'"),
     (lambda t, lp: t(parity_models.har, X, Y, paths=["fit", "native-engine"]), "tensorflow has no optimizers but"),
@@ -185,6 +196,18 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
 def test_bad_arguments_are_one_clear_error(training_parity, loop_parity, call, message):
     with pytest.raises(ParityError, match=message):
         call(training_parity, loop_parity)
+
+
+def test_a_loss_of_your_own_in_the_spec_trains_alike(training_parity):
+    """A spec's 'module:function' loss, wrapped as `compile(loss=fn)` wraps it, on every path (it raised on each)."""
+    own = training_parity(parity_models.har, X, Y, spec={"loss": "tests.compare.parity_models:log_cosh", **SGD},
+                          **FAST)
+    mse = training_parity(parity_models.har, X, Y, spec=SGD, **FAST)
+    assert own.keys() == mse.keys() and len(own) >= len(installed_engines())
+    for label, weights in own.items():  # the same start, then log-cosh's steps, not the MSE's
+        for name, trajectory in weights.items():
+            np.testing.assert_array_equal(trajectory[0], mse[label][name][0])
+            assert np.abs(trajectory[1:] - mse[label][name][1:]).max() > 1e-3, (label, name)
 
 
 @pytest.mark.parametrize("step, message", [
