@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import reference, tolerances
+from compare import tolerances
+from compare.data import reference
 from compare.engines import paths
 from compare.engines.runner import Outcome
-from compare.reference import Ols
+from compare.data.reference import Ols
 from keras_side.config import HarData, Result
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64
 

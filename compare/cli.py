@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 
 from compare import commands
 from compare.engines import runner
-from compare import data as har_data
+from compare.data import panel as har_data
 from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError
 from compare.tolerances import SAME_ARITHMETIC_EPOCHS

@@ -14,9 +14,10 @@ import numpy as np
 
 from compare.speed import bench as bench_paths
 from compare import distributed as dist
-from compare import checks, figures, reference, report, synthetic, tolerances
+from compare import checks, figures, report, tolerances
+from compare.data import reference, synthetic
 from compare.engines import paths, runner
-from compare import data as har_data
+from compare.data import panel as har_data
 from compare.speed import sweep as grid
 from compare.speed import walk_forward as walk
 from compare import zoo as zoo_matrix

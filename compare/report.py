@@ -13,9 +13,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from compare.reference import Ols
+from compare.data.reference import Ols
 from compare.speed.bench import ZOO_VARIANTS, floor_row
-from compare.synthetic import TrueProcess
+from compare.data.synthetic import TrueProcess
 from keras_side.config import HarData, Result, versions
 from keras_side.spec import TrainConfig
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from compare import data as har_data
+from compare.data import panel as har_data
 from compare.engines import runner
 from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.config import HarData, take, versions

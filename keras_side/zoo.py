@@ -4,7 +4,7 @@ native loop from the same weights and batches, and measures how far apart they e
 
     entry = ZOO["bn_mlp"]; model = entry.builder()(); entry.data   # "har", "sequence", "direction" or "panel"
 
-Data kinds (made by `compare.data.prepare_kind` from the same panel): "har" the three HAR means; "recent" the same
+Data kinds (made by `compare.data.panel.prepare_kind` from the same panel): "har" the three HAR means; "recent" the same
 with a `sample_weight` per training day that halves every 252 days back from the last one; "sequence" the last 22
 days of log RV, (n, 22, 1); "direction" the HAR means with the sign of the day's return as a 0/1 target;
 "horizons" the HAR means with two targets, the day's log RV and the mean log RV of the 5 days from it; "panel"

@@ -12,21 +12,21 @@ os.environ.setdefault("KERAS_HOME", str(REPO / ".keras_home"))
 
 @pytest.fixture(scope="session")
 def panel():
-    from compare import synthetic
+    from compare.data import synthetic
 
     return synthetic.simulate(0)
 
 
 @pytest.fixture(scope="session")
 def har(panel):
-    from compare import data
+    from compare.data import panel as data
 
     return data.prepare(panel, source="synthetic(seed=0)")
 
 
 @pytest.fixture(scope="session")
 def ols_fit(panel):
-    from compare import data, reference
+    from compare.data import panel as data, reference
 
     return reference.ols_for(panel, data.DEFAULT_ASSET, data.DEFAULT_SPLIT, None)
 

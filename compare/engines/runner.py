@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import reference
+from compare.data import reference
 from compare.errors import NativeLoopsError
 from keras_side.backend import JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment
 from keras_side.config import HarData, interrupts_held

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from compare import data as har_data
+from compare.data import panel as har_data
 from compare.engines import runner
 from compare.errors import NativeLoopsError
 from keras_side import cores

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from compare import cli
-from compare import data as har_data
+from compare.data import panel as har_data
 from keras_side import cores
 from keras_side.spec import TrainConfig
 

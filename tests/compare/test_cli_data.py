@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from compare import cli, synthetic
+from compare import cli
+from compare.data import synthetic
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +273,7 @@ def test_paths_the_system_refuses_are_one_line_before_any_work(tmp_path, capsys,
 
 def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
     """A parquet whose dates carry a time zone (as many exports do) is the same data set as the naive one."""
-    from compare import data
+    from compare.data import panel as data
 
     aware = panel.copy()
     aware["fecha"] = aware["fecha"].dt.tz_localize("America/New_York")
@@ -286,7 +287,7 @@ def test_time_zone_aware_dates_are_read_as_their_calendar_days(panel, tmp_path):
 def test_dates_with_several_offsets_are_read_as_their_calendar_days(panel, tmp_path):
     """A CSV exported across daylight-saving changes has two offsets (+01:00 in winter, +02:00 in summer), which
     pandas refuses to parse together; each row keeps its own calendar day, the same data set as the naive one."""
-    from compare import data
+    from compare.data import panel as data
 
     mixed = panel.copy()
     summer = mixed["fecha"].dt.month.between(4, 10)

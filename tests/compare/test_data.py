@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from compare import data, synthetic
+from compare.data import panel as data, synthetic
 from compare.errors import HarDataError
 
 

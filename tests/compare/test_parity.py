@@ -122,7 +122,7 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
 def test_the_gradient_is_the_training_objectives(grad_parity):
     """A kernel regularizer is part of what `fit` minimizes, so it is part of the gradient every engine reports: at
     the same weights, the regularized Dense(1)'s kernel gradient is the plain one plus 2·0.05·kernel."""
-    from compare import reference
+    from compare.data import reference
 
     rng = np.random.default_rng(1)
     weights = [rng.normal(size=(3, 1)).astype(np.float32), rng.normal(size=(1,)).astype(np.float32)]

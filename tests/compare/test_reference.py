@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
-from compare import data, reference, synthetic
+from compare.data import panel as data, reference, synthetic
 from compare.tolerances import FD_RTOL, OLS_VS_STATSMODELS_ATOL, TRUTH_STD_ERRORS
 
 

@@ -4,7 +4,7 @@ and weight by the report."""
 import numpy as np
 import pytest
 
-from compare import data as har_data
+from compare.data import panel as har_data
 from compare.engines import runner
 from compare.parity import ParityError, assert_loop_matches_fit
 from keras_side.backend import installed_engines

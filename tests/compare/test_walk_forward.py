@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from compare import cli, data
+from compare import cli
+from compare.data import panel as data
 from compare.speed import walk_forward as wf
 from compare.tolerances import SHARDED_ATOL, WALK_FORWARD_MSE_RTOL
 from keras_side import cores

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from compare import cli, figures, synthetic, zoo
+from compare import cli, figures, zoo
+from compare.data import synthetic
 from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS

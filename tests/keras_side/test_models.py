@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from compare import data, reference, synthetic
+from compare.data import panel as data, reference, synthetic
 from compare.tolerances import LEVERAGE_STD_ERRORS, MODEL_API_ATOL, SLOPE_ATOL, TRUTH_STD_ERRORS
 from keras_side import fit, models
 from keras_side.spec import TrainConfig

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from compare import checks, reference
+from compare import checks
+from compare.data import reference
 from compare.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, ZOO_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
@@ -83,7 +84,7 @@ def test_another_seed_gives_other_weights(har):
 
 @pytest.mark.parametrize("name", ["mlp_subclass", "mlp_functional", "panel", "noisy_har", "leverage"])
 def test_other_models_train_without_change(panel, har, name):
-    from compare import data as har_data
+    from compare.data import panel as har_data
 
     data = {"panel": har_data.prepare_panel(panel), "leverage": har_data.prepare(panel, leverage=True)}.get(name, har)
     seed_everything(0)
@@ -171,7 +172,7 @@ def test_metrics_are_reported_as_fit_reports_them(panel):
     to `fit`'s History, from the same weights and batches."""
     import keras
 
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from compare.tolerances import HISTORY_ATOL
     from keras_side import fit
 
@@ -194,7 +195,7 @@ def test_metrics_are_reported_as_fit_reports_them(panel):
 def test_sample_weights_change_the_objective(panel):
     """`HarData.w_train` reaches the loss as `fit`'s `sample_weight`: weighted least squares ends elsewhere than
     plain least squares from the same start (the zoo's `har_recent` checks it equals `fit`)."""
-    from compare import data as har_data
+    from compare.data import panel as har_data
 
     weighted = har_data.prepare_recent(panel)
     plain, recent = run(weighted, data=har_data.prepare(panel)), run(weighted, data=weighted)
@@ -255,7 +256,7 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     loss for two targets is one clear error."""
     import keras
 
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from compare.tolerances import HISTORY_ATOL
     from keras_side import fit
     from keras_side.spec import SpecError

@@ -112,7 +112,7 @@ def test_noise_seed_state_is_threaded_and_written_back(har):
 
 
 def test_vmap_over_assets_equals_a_loop(panel):
-    from compare import data
+    from compare.data import panel as data
 
     assets = sorted(panel["activo"].unique())
     sets = [data.prepare(panel, asset=a) for a in assets]

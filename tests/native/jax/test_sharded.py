@@ -42,7 +42,7 @@ def test_two_outputs_on_two_devices_end_where_one_ends(panel):
     """Several targets (a tuple), each output's loss weighted as `compile` weighs them, on the sharded step
     (TensorFlow's launch with two outputs: tests/native/tensorflow/test_mirrored.py; torch's rank loss:
     tests/native/torch/test_ddp.py)."""
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.zoo import ZOO
 
     entry = ZOO["two_horizons"]

@@ -39,7 +39,7 @@ def test_keras_on_tensorflow_squares_an_embeddings_gradient_slices_unless_dense(
     NumPy's Adam both ways; `TrainConfig(dense_gradients=True)` gives the standard update."""
     import tensorflow as tf
 
-    from compare import data as har_data
+    from compare.data import panel as har_data
 
     data = har_data.prepare_panel(panel)
     x, y = [a[:128] for a in data.x_train], data.y_train[:128]

@@ -49,7 +49,7 @@ def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
 def test_two_outputs_on_two_replicas_end_where_one_process_ends(panel, tmp_path):
     """Several targets (each output's per-sample loss, weighted as `compile` weighs them) through the launched
     process: the data file's two targets, the spec's two losses."""
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.zoo import ZOO
 
     entry = ZOO["two_horizons"]
@@ -73,7 +73,7 @@ def lstm_with_dropouts():
 
 
 def test_an_rnn_cells_dropouts_on_two_replicas_end_where_one_process_ends(panel, tmp_path):
-    from compare import data as har_data
+    from compare.data import panel as har_data
 
     data = har_data.prepare_kind(panel, "sequence")
     build = "tests.native.tensorflow.test_mirrored:lstm_with_dropouts"

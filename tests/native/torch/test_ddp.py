@@ -74,7 +74,7 @@ def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(pane
     penalty counted once, the activity penalty (in Keras a mean over the rows its layer sees) the batch's mean. A
     penalty left out of the share would weigh the two ranks' activity means equally (fails: checked). And on a model
     with two outputs, each output's loss weighted as `compile` weighs them (its two targets a tuple)."""
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.zoo import ZOO
 
     entry = ZOO[name]

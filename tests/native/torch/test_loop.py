@@ -63,7 +63,7 @@ def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel,
     full batch, the short one, the update)."""
     from torch._dynamo.utils import counters
 
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.zoo import ZOO
 
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
@@ -299,7 +299,7 @@ def test_the_compiled_step_is_one_graph(panel, name):
     """#15: the batch loss `train(compile=True)` compiles traces in one graph, no graph break (bn_mlp had 8, the
     classifier 5, dropout_mlp 5 before its masks were drawn outside: `Draws`), so it compiles once per batch
     shape."""
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.config import take
     from keras_side.zoo import ZOO
 
@@ -759,7 +759,7 @@ def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name, monke
     eager without a word; `fresh_losses` clears it outside the graph."""
     from torch._dynamo.utils import counters
 
-    from compare import data as har_data
+    from compare.data import panel as har_data
     from keras_side.zoo import ZOO
 
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from compare import data as har_data
+from compare.data import panel as har_data
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...
 
 def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=har_data.HAR,
             validation: str = har_data.DEFAULT_VALIDATION) -> Ols:
-    """OLS on the rows the models train on (`compare.data.split_three`: the validation year left out, unless
+    """OLS on the rows the models train on (`compare.data.panel.split_three`: the validation year left out, unless
     `validation="test"`)."""
     train, val, test = har_data.split_three(har_data.har_features(panel, asset), split, end, validation)
     har_data.require_spread(train, (*features, "y"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from compare import synthetic
+from compare.data import synthetic
 from compare.errors import HarDataError
 from keras_side.config import SEQUENCE_DAYS, HarData, Scaling
 
