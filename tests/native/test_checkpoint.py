@@ -16,7 +16,7 @@ from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
 from native.checkpoint import CheckpointError, completed
 from tests.conftest import REPO
-from tests.native.checkpoint_models import stateful_mlp
+from tests.native.checkpoint_models import renamed_mlp, stateful_mlp
 from tests.native.conftest import ENGINE
 
 PATH = paths.get(f"{ENGINE}-native")
@@ -63,6 +63,21 @@ def test_a_run_killed_mid_epoch_resumes_bit_identically(har, tmp_path):
         np.testing.assert_array_equal(a, b)  # BatchNorm's statistics too; the Dropout masks drew alike
     assert resumed.train_loss == whole.train_loss and resumed.val_loss == whole.val_loss
     assert [epoch for epoch, _ in completed(folder)] == [CFG.epochs]
+
+
+def test_a_run_resumed_where_its_layers_are_named_otherwise_ends_where_it_would_have(har, tmp_path):
+    """A checkpoint is the model's, whatever names its layers got in the process that wrote it: torch numbered the
+    optimizer's state in `model.parameters()` order, which is by path, so a resuming process whose layers sorted
+    otherwise gave each parameter another's moments (a silent wrong run, or a shape error where the shapes
+    differed)."""
+    whole = train(har)
+    seed_everything(CFG.seed)
+    PATH.train(stateful_mlp(), har, CFG.replace(epochs=2), checkpoint=tmp_path / "c")
+    seed_everything(CFG.seed)
+    resumed = PATH.train(renamed_mlp(), har, CFG, checkpoint=tmp_path / "c", resume=True)
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.train_loss == whole.train_loss
 
 
 def test_the_portable_weights_are_the_models(har, tmp_path):
