@@ -336,6 +336,21 @@ def keras_loss(cfg: TrainConfig):
     return losses if cfg.outputs > 1 else losses[0]
 
 
+def as_fit_shapes(y, pred):
+    """`(y, pred)` as `fit`'s losses see them, output by output: Keras's own `squeeze_or_expand_to_same_rank` (a
+    target one rank short of a prediction whose last axis is 1 gains that axis), so that a loss written for `y` and
+    `pred` of one shape never broadcasts a (n,) target against a (n, 1) prediction into (n, n). A target with
+    another number of rows than the prediction is a ValueError."""
+    from keras.src.losses.loss import squeeze_or_expand_to_same_rank
+
+    if isinstance(pred, (list, tuple)):
+        pairs = [as_fit_shapes(t, p) for t, p in zip(y, pred, strict=True)]
+        return tuple(t for t, _ in pairs), type(pred)(p for _, p in pairs)
+    if y.shape[0] != pred.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} rows and x {pred.shape[0]}; give one target per example")
+    return squeeze_or_expand_to_same_rank(y, pred)
+
+
 def training_loss(cfg: TrainConfig):
     """The loss every path but `fit` calls: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with
     Keras's target shaping. One output: the spec's `keras.losses.Loss` itself, so the loss can never differ from

@@ -42,7 +42,7 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
-from keras_side.spec import SpecError, TrainConfig, check_outputs, keras_loss, training_loss
+from keras_side.spec import SpecError, TrainConfig, as_fit_shapes, check_outputs, keras_loss, training_loss
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -718,7 +718,8 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
-    value = torch.mean(loss(y, _forward(model, _tensors(x, device), training=training)))  # per-sample losses too
+    y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
+    value = torch.mean(loss(y, pred))  # per-sample losses too
     value = value + sum(model.losses) if model.losses else value
     grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]

@@ -281,6 +281,19 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
         trained(loop.train, cfg.replace(loss="mse", loss_weights=None))
 
 
+def test_grad_at_shapes_targets_as_fit_does(har):
+    """A (n,) target against a (n, 1) prediction is the same target, as in `fit` (it broadcast to (n, n): a wrong
+    gradient, without a word); a target with other rows is one error."""
+    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
+    model = models.har()
+    model.set_weights(weights)
+    column = loop.grad_at(model, x, y)
+    for got, want in zip(loop.grad_at(model, x, y[:, 0]), column, strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="y has 1 rows and x 256; give one target per example"):
+        loop.grad_at(model, x, y[:1])
+
+
 def test_grad_at_is_the_gradient_of_what_fit_minimizes(har):
     """`grad_at` includes the model's own losses: an L2(0.05) kernel penalty adds 2·0.05·kernel to the kernel's
     gradient, at the same weights."""
