@@ -68,6 +68,28 @@ class HarData:
     w_train: np.ndarray | None = None
     validation: str = "last-year"
 
+    def __post_init__(self):
+        """A data set every path can train on, or a ValueError naming what is wrong with it: each split's inputs,
+        targets (and training weights) with as many rows, some training rows, no NaN or infinity (a loop would
+        train on fewer rows than given, or return NaN weights, without a word)."""
+        for split in SPLITS:
+            named = {f"{xy}_{split}": getattr(self, f"{xy}_{split}") for xy in "xy"}
+            if split == "train" and self.w_train is not None:
+                named["w_train"] = self.w_train
+            arrays = {f"{name}[{i}]" if isinstance(value, tuple) else name: np.asarray(a)
+                      for name, value in named.items() for i, a in enumerate(as_tuple(value))}
+            rows = {name: len(a) if a.ndim else 0 for name, a in arrays.items()}
+            if len(set(rows.values())) > 1:
+                lengths = ", ".join(f"{n}: {r}" for n, r in rows.items())
+                raise ValueError(f"HarData's {split} split has arrays of different lengths ({lengths}); give one row "
+                                 "per example to each")
+            if split == "train" and not max(rows.values()):
+                raise ValueError("HarData has no training rows; give at least one")
+            for name, a in arrays.items():
+                if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
+                    row = int(np.argmax(~np.isfinite(a.reshape(len(a), -1)).all(axis=1)))
+                    raise ValueError(f"HarData's {name} holds NaN or inf (first in row {row}); drop or fill those rows")
+
     def save(self, path: Path) -> None:
         """One `.npz` that a worker process reloads: the arrays plus the scaling and labels."""
         arrays, counts = {}, {}

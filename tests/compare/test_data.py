@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -208,3 +210,20 @@ def test_referee_modules_do_not_import_keras():
             "print('keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda h: {"y_train": h.y_train[:200]}, "train split has arrays of different lengths (x_train: 2263, y_train: "
+                                             "200)"),  # a loop trained on the first 200 rows, without a word
+    (lambda h: {"x_val": h.x_val[:10]}, "val split has arrays of different lengths"),
+    (lambda h: {"w_train": np.ones(5)}, "w_train: 5"),
+    (lambda h: {"x_train": h.x_train[:0], "y_train": h.y_train[:0]}, "HarData has no training rows"),
+    (lambda h: {"x_test": np.where(np.arange(len(h.x_test))[:, None] == 4, np.nan, h.x_test)},
+     "HarData's x_test holds NaN or inf (first in row 4)"),  # a loop returned NaN weights, without a word
+    (lambda h: {"w_train": np.full(len(h.y_train), np.inf)}, "HarData's w_train holds NaN or inf (first in row 0)"),
+])
+def test_a_data_set_no_path_can_train_on_is_one_error(har, change, message):
+    import dataclasses
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dataclasses.replace(har, **change(har))
