@@ -385,6 +385,18 @@ def check_outputs(cfg: TrainConfig, targets: int) -> None:
                         + (f"loss as a tuple of {targets} losses" if targets > 1 else "one loss"))
 
 
+def check_model_outputs(model, targets: int) -> None:
+    """A `SpecError` unless a Sequential or Functional model has one output per target (a subclassed model's outputs
+    are not known before it is called: its loss says it then)."""
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return
+    if outputs is not None and len(outputs) != targets:
+        raise SpecError(f"the model has {len(outputs)} outputs but the data has {targets} target(s); give one target "
+                        "per output (y as a tuple), or a model with one output per target")
+
+
 def keras_metrics(cfg: TrainConfig) -> list:
     """Fresh `keras.metrics` objects, one per name: what `fit` compiles with, and what each loop accumulates. A
     metric accumulates over the epoch's samples (an accuracy is the share of right answers, not a mean of batch

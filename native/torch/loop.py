@@ -42,7 +42,8 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
-from keras_side.spec import SpecError, TrainConfig, as_fit_shapes, check_outputs, keras_loss, training_loss
+from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_loss,
+                              training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -468,6 +469,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_outputs(cfg, data.outputs)
     ensure_built(model, data.x_train)
+    check_model_outputs(model, data.outputs)
     device = next(model.parameters()).device
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]

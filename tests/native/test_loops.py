@@ -254,6 +254,8 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     """Two outputs, a loss each and `loss_weights`: the loop minimizes what `compile` makes of them and reports,
     per epoch, the training and validation loss `fit` reports, from the same start and batches; a spec with one
     loss for two targets is one clear error."""
+    import dataclasses
+
     import keras
 
     from compare.data import panel as har_data
@@ -279,6 +281,9 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     assert np.max(np.abs(unweighted - got_weights)) > 1e-4  # the weights take part: the objective moved
     with pytest.raises(SpecError, match="the data has 2 targets"):
         trained(loop.train, cfg.replace(loss="mse", loss_weights=None))
+    one_target = dataclasses.replace(data, y_train=data.y_train[0], y_val=data.y_val[0], y_test=data.y_test[0])
+    with pytest.raises(SpecError, match="the model has 2 outputs but the data has 1 target"):  # was an internal error
+        loop.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
 
 
 def test_grad_at_shapes_targets_as_fit_does(har):
