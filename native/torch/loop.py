@@ -81,7 +81,7 @@ def _forward(model, x, training: bool, masks=()):
     if masks:
         raise RuntimeError("internal: Draws drew Dropout masks for a model this call does not run layer by layer (a "
                            "bug in native.torch.loop); train with compile=False meanwhile")
-    if bare and _own_graph(model):
+    if bare and _own_graph(model) and _shaped(model, x):
         return _through_graph(model, x, training)
     return model(x, training=training)
 
@@ -125,10 +125,20 @@ def _through_graph(model, x, training: bool, bare: bool = True, masks: list | No
 
 
 def _as_declared(model, x) -> bool:
-    """`x` is one tensor of the rank and dtype of the model's declared input."""
+    """`x` is one tensor of the rank and dtype of the model's declared input, and of its shape."""
     spec = model.inputs[0]
     return (isinstance(x, torch.Tensor) and x.ndim == len(spec.shape)
-            and keras.backend.standardize_dtype(x.dtype) == spec.dtype)
+            and keras.backend.standardize_dtype(x.dtype) == spec.dtype and _shaped(model, x))
+
+
+def _shaped(model, x) -> bool:
+    """Every input's shape is its declared one (None: any size). The layers' own `call`s skip Keras's check of it, so
+    a model given other shapes is called whole, where Keras says what it expected (rather than torch's "mat1 and
+    mat2 shapes cannot be multiplied")."""
+    if isinstance(x, dict):  # inputs by name: Keras's own call checks them
+        return False
+    return all(len(t.shape) == len(s.shape) and all(d is None or d == n for d, n in zip(s.shape[1:], t.shape[1:]))
+               for s, t in zip(model.inputs, as_tuple(x)))
 
 
 def in_order(model) -> list[tuple[keras.Layer, bool]] | None:

@@ -286,6 +286,18 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
         loop.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
 
 
+@pytest.mark.parametrize("build", [models.har, models.mlp_functional])
+def test_inputs_of_another_shape_get_kerass_own_error(build):
+    """torch's loop runs each layer's `call`, which skips Keras's check of the input's shape: it said "mat1 and mat2
+    shapes cannot be multiplied"."""
+    model = build()
+    x = np.ones((2, 5), np.float32)  # the HAR takes 3 features
+    with pytest.raises(ValueError, match="is incompatible with the layer: expected (axis -1 of input shape|shape)"):
+        loop.predict(model, x)
+    with pytest.raises(ValueError, match="is incompatible with the layer: expected (axis -1 of input shape|shape)"):
+        loop.grad_at(model, x, np.ones((2, 1), np.float32))
+
+
 def test_grad_at_shapes_targets_as_fit_does(har):
     """A (n,) target against a (n, 1) prediction is the same target, as in `fit` (it broadcast to (n, n): a wrong
     gradient, without a word); a target with other rows is one error."""
