@@ -9,7 +9,9 @@ import jax.numpy as jnp
 
 
 def panel_loss_and_grad(model):
-    """A jitted program: `jax.vmap` of the Keras model over assets, the mean of per-asset MSEs, and its gradient."""
+    """A jitted program: `jax.vmap` of the Keras model over assets, the mean of per-asset MSEs, and its gradient.
+    The model runs in inference mode with its non-trainable values (BatchNorm's moving statistics) as they are when
+    this is called: baked into the program, which a later change to them does not reach (make it again)."""
     non_trainable = [v.value for v in model.non_trainable_variables]
 
     def asset_mse(trainable, x, y):
