@@ -19,7 +19,7 @@ from compare.engines import runner
 from compare.data import panel as har_data
 from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError
-from compare.tolerances import SAME_ARITHMETIC_EPOCHS
+from compare.referee.tolerances import SAME_ARITHMETIC_EPOCHS
 from keras_side.backend import BackendError
 from keras_side.spec import SpecError
 from native.checkpoint import CheckpointError

@@ -14,13 +14,13 @@ import numpy as np
 
 from compare.speed import bench as bench_paths
 from compare import distributed as dist
-from compare import checks, figures, report, tolerances
+from compare.referee import checks, figures, report, tolerances
 from compare.data import reference, synthetic
 from compare.engines import paths, runner
 from compare.data import panel as har_data
 from compare.speed import sweep as grid
 from compare.speed import walk_forward as walk
-from compare import zoo as zoo_matrix
+from compare.referee import zoo as zoo_matrix
 from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, exists, write_json

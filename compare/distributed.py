@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.engines import runner
-from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
+from compare.referee.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.backend import engine_environment
 from keras_side.config import HarData, exit_reason, load_trained, trained_cpus, versions, whole_batches

@@ -280,7 +280,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
     the plain HAR regression: then there is no gradient formula to check, and the same-arithmetic run starts from
     one engine's seeded weights, not NumPy's. `same_epochs`: how long the same-arithmetic run trains (default
     `cfg.epochs`). `seeds`: the HAR trained once per seed by each engine with a many-model trainer (the seed-noise
-    check's yardstick). Everything lands under `folder`; read it back with `compare.checks`."""
+    check's yardstick). Everything lands under `folder`; read it back with `compare.referee.checks`."""
     data_file, batch_file, init_file = folder / "data.npz", folder / "batch.npz", folder / "init.npz"
     data.save(data_file)
     if har:

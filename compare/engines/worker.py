@@ -20,7 +20,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from compare import zoo
+from compare.referee import zoo
 from compare.engines import paths
 from compare.io import named
 from compare.speed import floors

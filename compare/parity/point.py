@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import tolerances
+from compare.referee import tolerances
 from compare.engines import runner
 from compare.parity.common import (ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
                                    loss_spec, mismatches, reference_engine, require_live, table)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import tolerances
+from compare.referee import tolerances
 from compare.engines import runner
 from compare.parity.common import (OWN, ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
                                    require_live, table, worst)

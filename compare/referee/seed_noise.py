@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.engines import runner
-from compare.checks import Check, within
+from compare.referee.checks import Check, within
 from keras_side.config import HarData
 
 COMPARE_SEEDS = 100  # seeds per engine in `compare` (4,950 pairs each; a second or two per engine)

@@ -114,7 +114,7 @@ def test_same_arithmetic_stays_within_an_engine_for_a_model_that_draws():
     and the check says so."""
     import numpy as np
 
-    from compare import checks
+    from compare.referee import checks
 
     weights = {"keras-torch": [np.zeros(3)], "torch-native": [np.zeros(3)], "keras-jax": [np.ones(3)],
                "jax-native": [np.ones(3)]}

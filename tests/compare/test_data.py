@@ -206,7 +206,7 @@ def test_referee_modules_do_not_import_keras():
     import subprocess
     import sys
 
-    code = ("import sys, compare.cli, compare.checks, compare.engines.runner, compare.figures; "
+    code = ("import sys, compare.cli, compare.referee.checks, compare.engines.runner, compare.referee.figures; "
             "print('keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

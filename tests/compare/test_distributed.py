@@ -8,7 +8,7 @@ import pytest
 
 from compare import cli
 from compare.distributed import ZOO_EPOCHS
-from compare.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
+from compare.referee.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.spec import TrainConfig
 
@@ -271,7 +271,8 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
     batches). Rounding carrying that run past the tolerance too (a chaotic model over a long run): the line says this
     horizon cannot tell a bug from rounding, and that fewer epochs can; within the tolerance: rounding does not
     explain the gap. Either way the check fails: a real bug would end as far."""
-    from compare import distributed, report
+    from compare import distributed
+    from compare.referee import report
     from keras_side.config import save_trained
 
     def row(name, gap):

@@ -3,7 +3,7 @@ import pytest
 import statsmodels.api as sm
 
 from compare.data import panel as data, reference, synthetic
-from compare.tolerances import FD_RTOL, OLS_VS_STATSMODELS_ATOL, TRUTH_STD_ERRORS
+from compare.referee.tolerances import FD_RTOL, OLS_VS_STATSMODELS_ATOL, TRUTH_STD_ERRORS
 
 
 @pytest.mark.parametrize("asset", synthetic.ASSETS)

@@ -98,7 +98,7 @@ def test_sweep_end_to_end(tmp_path):
 def test_a_sweep_whose_every_cell_diverged_says_so(tmp_path, capsys):
     """No best cell then (it was a traceback after the whole sweep), a line that says what to change, and the figure
     with its cells marked."""
-    from compare import figures, report
+    from compare.referee import figures, report
     from compare.speed import sweep
 
     grid = np.array([[np.nan, np.inf], [np.nan, np.nan]])

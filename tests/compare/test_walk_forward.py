@@ -8,7 +8,7 @@ import pytest
 from compare import cli
 from compare.data import panel as data
 from compare.speed import walk_forward as wf
-from compare.tolerances import SHARDED_ATOL, WALK_FORWARD_MSE_RTOL
+from compare.referee.tolerances import SHARDED_ATOL, WALK_FORWARD_MSE_RTOL
 from keras_side import cores
 from keras_side.spec import TrainConfig
 

@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from compare import cli, figures, zoo
+from compare import cli
+from compare.referee import figures, zoo
 from compare.data import synthetic
-from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
+from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from compare import checks
+from compare.referee import checks
 from keras_side import fit, models
 from keras_side.config import Result
 from keras_side.spec import TrainConfig

@@ -1,7 +1,7 @@
 import keras
 import numpy as np
 
-from compare.tolerances import SHARPE_ATOL
+from compare.referee.tolerances import SHARPE_ATOL
 from keras_side.ops import mean_squared_error, sharpe_ratio
 from tests.keras_side.conftest import ENGINE
 

@@ -4,7 +4,7 @@ file, for every model the floors write (`floors.RAW`)."""
 import numpy as np
 
 from compare.speed import floors
-from compare.tolerances import FLOOR_VS_LOOP_ATOL
+from compare.referee.tolerances import FLOOR_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO

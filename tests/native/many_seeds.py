@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 
 from compare.data import panel as har_data
-from compare.tolerances import VMAP_VS_ALONE_ATOL
+from compare.referee.tolerances import VMAP_VS_ALONE_ATOL
 from keras_side.config import take
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from compare import checks
+from compare.referee import checks
 from compare.data import reference
-from compare.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, ZOO_ATOL
+from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, ZOO_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
@@ -173,7 +173,7 @@ def test_metrics_are_reported_as_fit_reports_them(panel):
     import keras
 
     from compare.data import panel as har_data
-    from compare.tolerances import HISTORY_ATOL
+    from compare.referee.tolerances import HISTORY_ATOL
     from keras_side import fit
 
     data = har_data.prepare_direction(panel)
@@ -259,7 +259,7 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     import keras
 
     from compare.data import panel as har_data
-    from compare.tolerances import HISTORY_ATOL
+    from compare.referee.tolerances import HISTORY_ATOL
     from keras_side import fit
     from keras_side.spec import SpecError
 

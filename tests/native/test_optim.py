@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from compare.tolerances import OPTIMIZER_CONVENTION_MIN, OPTIMIZER_EXACT_ATOL, OPTIMIZER_ROUNDING_ATOL
+from compare.referee.tolerances import OPTIMIZER_CONVENTION_MIN, OPTIMIZER_EXACT_ATOL, OPTIMIZER_ROUNDING_ATOL
 from keras_side.spec import TrainConfig, keras_optimizer
 from tests.native.conftest import ENGINE
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from keras.src.backend.jax import nn as keras_jax_nn
 
-from compare.tolerances import CONV_AS_MATMUL_RTOL, SCAN_VS_LOOP_ATOL
+from compare.referee.tolerances import CONV_AS_MATMUL_RTOL, SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare.tolerances import SCAN_VS_LOOP_ATOL
+from compare.referee.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.config import take
 from keras_side.spec import TrainConfig, keras_loss, keras_metrics

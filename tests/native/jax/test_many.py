@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compare.tolerances import SHARDED_ATOL, VMAP_VS_ALONE_ATOL
+from compare.referee.tolerances import SHARDED_ATOL, VMAP_VS_ALONE_ATOL
 from keras_side import models
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig

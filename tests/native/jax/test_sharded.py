@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from compare.tolerances import DATA_PARALLEL_ATOL
+from compare.referee.tolerances import DATA_PARALLEL_ATOL
 from keras_side.config import load_trained, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side import fit
@@ -114,7 +114,7 @@ def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(pane
     """Every walk-forward refit of two assets, the model axis split over two jax.distributed processes (one device
     each): the forecasts one device gives, model for model (each model's start comes from the seed alone)."""
     from compare.speed import walk_forward
-    from compare.tolerances import SHARDED_ATOL
+    from compare.referee.tolerances import SHARDED_ATOL
     from keras_side import models
     from native.jax import many
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compare.distributed import MODELS
-from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
+from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
 from keras_side.config import load_trained, shard, take, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compare.distributed import MODELS
-from compare.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
+from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
 from keras_side.config import keras_inputs, load_trained, shard, take
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve

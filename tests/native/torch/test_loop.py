@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from compare.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
+from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import models
 from keras_side.spec import SpecError, TrainConfig
 from keras_side.determinism import seed_everything
@@ -787,7 +787,7 @@ def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
     import functools
     import warnings
 
-    from compare.tolerances import ZOO_ATOL
+    from compare.referee.tolerances import ZOO_ATOL
     from keras_side import fit
 
     class Extra(keras.Model):

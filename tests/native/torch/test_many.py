@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from compare.tolerances import TRACED_VS_FUSED_ADAM_ATOL, VMAP_VS_ALONE_ATOL
+from compare.referee.tolerances import TRACED_VS_FUSED_ADAM_ATOL, VMAP_VS_ALONE_ATOL
 from keras_side import models
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig

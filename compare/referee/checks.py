@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import tolerances
+from compare.referee import tolerances
 from compare.data import reference
 from compare.engines import paths
 from compare.engines.runner import Outcome

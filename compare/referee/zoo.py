@@ -26,7 +26,7 @@ import pandas as pd
 
 from compare.data import panel as har_data
 from compare.engines import runner
-from compare.tolerances import HISTORY_ATOL, ZOO_ATOL
+from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
 
