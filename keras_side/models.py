@@ -202,9 +202,14 @@ def layer_outputs(model: keras.Model, x, *, training: bool = False) -> dict[str,
     Keras model over the same graph with every layer's output as an output (a Functional model lists its inputs
     too; a layer called twice gives its first call). A model whose graph cannot be read so (subclassed, or holding
     a Functional sub-model, whose `output` is its own graph's) gives its final output only, under its name. A layer
-    with several outputs gives "name:0", "name:1"."""
+    with several outputs gives "name:0", "name:1". A bfloat16 output comes back as float32 (NumPy has no bfloat16 of
+    its own: `np.load` would read it back as raw bytes), exactly."""
+    def numpy(value):
+        value = keras.ops.convert_to_numpy(value)
+        return value.astype(np.float32) if keras.backend.standardize_dtype(value.dtype) == "bfloat16" else value
+
     def final():
-        return {model.name: keras.ops.convert_to_numpy(model(keras_inputs(x), training=training))}
+        return {model.name: numpy(model(keras_inputs(x), training=training))}
 
     inputs = getattr(model, "inputs", None)
     if not inputs:
@@ -221,7 +226,7 @@ def layer_outputs(model: keras.Model, x, *, training: bool = False) -> dict[str,
         return final()
     values = every_layer(keras_inputs(x), training=training)
     values = values if isinstance(values, (list, tuple)) else [values]  # a one-layer model's single output
-    return {name: keras.ops.convert_to_numpy(v) for name, v in zip(names, values, strict=True)}
+    return {name: numpy(v) for name, v in zip(names, values, strict=True)}
 
 
 def example_inputs(name: str, rows: int = 2):

@@ -79,6 +79,15 @@ def nan_inside():
     return keras.Sequential([keras.Input((3,)), layers.Dense(2), SqrtBelowTen(), layers.Dense(1)])
 
 
+def bfloat16_mlp():
+    """Computes in bfloat16 (Keras's "mixed_bfloat16" policy): its layers' outputs are bfloat16."""
+    from keras_side.precision import mixed_bfloat16
+
+    with mixed_bfloat16():
+        return keras.Sequential([keras.Input((3,)), layers.Dense(3, activation="tanh", name="h"),
+                                 layers.Dense(1, name="o")])
+
+
 def all_frozen():
     """Nothing to train: its only layer frozen."""
     model = keras.Sequential([keras.Input((3,)), layers.Dense(1)])
