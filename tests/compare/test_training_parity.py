@@ -198,6 +198,26 @@ def test_bad_arguments_are_one_clear_error(training_parity, loop_parity, call, m
         call(training_parity, loop_parity)
 
 
+def test_a_clip_by_norm_on_tensorflows_embedding_slices_parts_unless_dense(training_parity):
+    """docs/optimizers.md: TensorFlow's Embedding gradient is one slice per row, and a clip by norm takes the norm
+    over the slices, before repeated ids are summed, whatever the optimizer (SGD here); `dense_gradients` sums them
+    first, and the engines then step alike."""
+    ids = RNG.integers(0, 3, size=(64, 7)).astype(np.int32)  # 3 ids in 7 places: every row repeats one
+    spec = {"optimizer": "sgd", "learning_rate": 0.1, "clipnorm": 0.05}
+    with pytest.raises(AssertionError, match="tensorflow/fit parts from torch/fit at step 1"):
+        training_parity(parity_models.embedding_model, ids, Y, spec=spec, engines=["torch", "tensorflow"],
+                        paths=["fit"], **FAST)
+    training_parity(parity_models.embedding_model, ids, Y, spec=spec | {"dense_gradients": True},
+                    engines=["torch", "tensorflow"], paths=["fit"], **FAST)
+
+
+def test_a_bfloat16_model_whose_engines_part_is_reported(training_parity):
+    """bfloat16 rounds otherwise on each engine, so the engines part; the report reads the layers' bfloat16 outputs
+    back (it raised ValueError from NumPy, which loads a bfloat16 array as raw bytes)."""
+    with pytest.raises(AssertionError, match="training parity failed for tests.compare.parity_models:bfloat16_mlp"):
+        training_parity(parity_models.bfloat16_mlp, X, Y, **FAST)
+
+
 def test_a_loss_of_your_own_in_the_spec_trains_alike(training_parity):
     """A spec's 'module:function' loss, wrapped as `compile(loss=fn)` wraps it, on every path (it raised on each)."""
     own = training_parity(parity_models.har, X, Y, spec={"loss": "tests.compare.parity_models:log_cosh", **SGD},
