@@ -207,6 +207,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
             found = [run for e in engines for run in _load(tmp / f"trajectory-{e}.npz", e, runs[e], len(names))]
             parted = [(a, b, k) for a, b in _pairs(found) if (k := first_divergence(a, b, rtol, atol)) is not None]
             if parted:
+                _refuse_diverged(build, min(parted, key=lambda p: p[2]))
                 order = numpy_orders(cfg.seed, n, cfg.epochs)
                 rows = [order[e][s] for e in range(cfg.epochs) for s in batch_slices(n, cfg.batch_size)]
                 a, b, k = min(parted, key=lambda p: p[2])
@@ -262,6 +263,16 @@ def first_divergence(a: Run, b: Run, rtol: float, atol: float) -> int | None:
         if steps.size and (parted is None or steps[0] < parted):
             parted = int(steps[0])
     return parted
+
+
+def _refuse_diverged(build: str, first: tuple[Run, Run, int]) -> None:
+    """Where the first parting is two paths that both left the finite numbers at that step, there is no parity to
+    judge (nor a stage to blame): the training diverged alike on both. One AssertionError that says so."""
+    a, b, k = first
+    if all(any(not np.isfinite(w[k]).all() for w in run.weights) for run in (a, b)):
+        raise AssertionError(f"training parity failed for {build}: {a.label} and {b.label} both reach NaN or inf "
+                             f"at step {k}, so there is nothing to compare: the training diverges (a smaller "
+                             "learning rate, an epsilon > 0, a clip, or data without extreme values)")
 
 
 def _probes(pool, common, engines, a: Run, k: int, rows, build, tmp: Path) -> dict[str, dict]:

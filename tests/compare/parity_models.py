@@ -88,6 +88,14 @@ def bfloat16_mlp():
                                  layers.Dense(1, name="o")])
 
 
+def dead_relu():
+    """A ReLU that never fires: every kernel's gradient is 0, and Adagrad with no epsilon and an empty accumulator
+    divides 0 by 0 at the first step, on every path alike."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(3, activation="relu", name="h",
+                                                             bias_initializer=keras.initializers.Constant(-100.0)),
+                             layers.Dense(1, name="o")])
+
+
 def all_frozen():
     """Nothing to train: its only layer frozen."""
     model = keras.Sequential([keras.Input((3,)), layers.Dense(1)])

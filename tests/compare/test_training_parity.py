@@ -211,6 +211,15 @@ def test_a_clip_by_norm_on_tensorflows_embedding_slices_parts_unless_dense(train
                     engines=["torch", "tensorflow"], paths=["fit"], **FAST)
 
 
+def test_paths_that_diverge_alike_are_said_to_diverge(training_parity):
+    """NaN on every path at the same step is no parting to trace (the report blamed rounding noise on an update of
+    NaN against NaN): one line that says the training diverges."""
+    spec = {"optimizer": "adagrad", "epsilon": 0.0, "initial_accumulator_value": 0.0}
+    with pytest.raises(AssertionError, match="both reach NaN or inf at step 1, so there is nothing to compare: the "
+                                             "training diverges"):
+        training_parity(parity_models.dead_relu, X, Y, spec=spec, **FAST)
+
+
 def test_a_bfloat16_model_whose_engines_part_is_reported(training_parity):
     """bfloat16 rounds otherwise on each engine, so the engines part; the report reads the layers' bfloat16 outputs
     back (it raised ValueError from NumPy, which loads a bfloat16 array as raw bytes)."""
