@@ -544,7 +544,8 @@ def sweep(args: argparse.Namespace) -> int:
             "ols_val_mse": ols.val_mse, "best": best,
             "engines": {e: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.items()}
                         for e, f in found.items()}})
-        figures.sweep(tmp / "sweep.png", {e: f["val_mse"] for e, f in found.items()}, rates, sizes, ols.val_mse)
+        figures.sweep(tmp / "sweep.png", {e: f["val_mse"] for e, f in found.items()}, rates, sizes, ols.val_mse,
+                      best)
         shutil.rmtree(tmp / "engines")
         (tmp / "data.npz").unlink()
     report.console().print(f"report: {report.shown(out)}/sweep.json, sweep.png")

@@ -126,8 +126,10 @@ def _measure(runs, measure: str, features: tuple[str, ...]) -> np.ndarray:
     return runs.test_loss if measure == "test_loss" else runs.slopes[:, features.index(measure)]
 
 
-def sweep(path: Path, val_mse: dict[str, np.ndarray], rates: list[float], sizes: list[int], ols: float) -> None:
-    """One heatmap per engine: validation MSE relative to OLS per (batch size, learning rate), the best boxed."""
+def sweep(path: Path, val_mse: dict[str, np.ndarray], rates: list[float], sizes: list[int], ols: float,
+          best: dict[str, dict | None]) -> None:
+    """One heatmap per engine: validation MSE relative to OLS per (batch size, learning rate), its `best` cell
+    (`compare.speed.sweep.best`; None where every cell diverged) boxed."""
     fig, axes = plt.subplots(1, len(val_mse), figsize=(1.2 + 1.1 * len(rates) * len(val_mse), 1.4 + 0.5 * len(sizes)),
                              squeeze=False)
     for ax, (engine, grid) in zip(axes[0], val_mse.items()):
@@ -139,8 +141,8 @@ def sweep(path: Path, val_mse: dict[str, np.ndarray], rates: list[float], sizes:
         for (i, j), v in np.ndenumerate(excess):
             ax.text(j, i, f"{v:+.1%}" if finite[i, j] else "diverged", ha="center", va="center", fontsize=7,
                     color="white" if v > 0.1 * top else "black")
-        if finite.any():  # the best cell boxed
-            i, j = np.unravel_index(np.argmin(np.where(finite, grid, np.inf)), grid.shape)
+        if best[engine] is not None:
+            i, j = sizes.index(best[engine]["batch_size"]), rates.index(best[engine]["learning_rate"])
             ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
         ax.set_yticks(range(len(sizes)), [str(s) for s in sizes])

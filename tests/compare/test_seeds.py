@@ -108,5 +108,5 @@ def test_a_sweep_whose_every_cell_diverged_says_so(tmp_path, capsys):
     report.print_sweep({"jax": {"val_mse": grid, "seconds": 1.0, "compile_seconds": 0.5}}, {"jax": None},
                        [1e3, 1e4], [64, 256], 0.14, 2)
     assert "jax: every cell diverged (no finite validation MSE); try smaller learning rates" in capsys.readouterr().out
-    figures.sweep(tmp_path / "sweep.png", {"jax": grid}, [1e3, 1e4], [64, 256], 0.14)
+    figures.sweep(tmp_path / "sweep.png", {"jax": grid}, [1e3, 1e4], [64, 256], 0.14, {"jax": None})
     assert (tmp_path / "sweep.png").stat().st_size > 0
