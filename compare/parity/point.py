@@ -24,8 +24,7 @@ from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
 
 
-def _save_inputs(path: Path, x, y) -> None:
-    xs, (y,), _ = examples(x, np.asarray(y))
+def _save_inputs(path: Path, xs: list[np.ndarray], y: np.ndarray) -> None:
     np.savez(path, y=y, n_inputs=len(xs), **{f"x{i}": a for i, a in enumerate(xs)})
 
 
@@ -74,25 +73,25 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
 def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     wanted = check_engines(engines or installed_engines())
     check_tolerances(rtol, atol)
-    examples(x, np.asarray(y))  # bad data is one ParityError before any worker starts
+    xs, (y,), _ = examples(x, np.asarray(y))  # bad data is one ParityError before any worker starts
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
         pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp,
                                    compile_cache=True)
         try:
-            return _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp)
+            return _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
         finally:
             if own:
                 pool.close()
 
 
-def _compare(pool, request, x, y, wanted, seed, weights, kind, rtol, atol, tmp):
+def _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp):
     """Set the same weights on every engine, ask each for `kind` ("grads" or "forward") and the reference engine
     for the same in float64; compare."""
     ref = reference_engine(pool.live)
     require_live(pool, wanted)
-    _save_inputs(tmp / "inputs.npz", x, y)
+    _save_inputs(tmp / "inputs.npz", xs, y)
     common = {**request, "inputs": str(tmp / "inputs.npz")}
     ask(pool, [ref], lambda e: {**common, "describe": str(tmp / "shapes.npz")}, request["build"])
     rng = np.random.default_rng(seed)
