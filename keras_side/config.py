@@ -86,8 +86,7 @@ class HarData:
             if split == "train" and not max(rows.values()):
                 raise ValueError("HarData has no training rows; give at least one")
             for name, a in arrays.items():
-                if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
-                    row = int(np.argmax(~np.isfinite(a.reshape(len(a), -1)).all(axis=1)))
+                if (row := first_nonfinite_row(a)) is not None:
                     raise ValueError(f"HarData's {name} holds NaN or inf (first in row {row}); drop or fill those rows")
 
     def save(self, path: Path) -> None:
@@ -137,6 +136,13 @@ class HarData:
 def first(a):
     """The first array of a tuple (or list) of arrays, or the array itself."""
     return a[0] if isinstance(a, (tuple, list)) else a
+
+
+def first_nonfinite_row(a: np.ndarray) -> int | None:
+    """The first row of a float array that holds a NaN or an infinity, or None (always None for ints)."""
+    if not np.issubdtype(a.dtype, np.inexact) or np.isfinite(a).all():
+        return None
+    return int(np.argmax(~np.isfinite(a.reshape(len(a), -1)).all(axis=1)))
 
 
 def as_tuple(a) -> tuple:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from compare.errors import NativeLoopsError
-from keras_side.config import ENGINES
+from keras_side.config import ENGINES, first_nonfinite_row
 from keras_side.precision import TRUE_FLOAT64
 
 OWN = "own"  # the path name of a user's own training step (`assert_loop_matches_fit`)
@@ -137,11 +137,9 @@ def examples(x, y) -> tuple[list[np.ndarray], list[np.ndarray], int]:
         raise ParityError("x and y have no rows; give at least one example")
     for what, arrays in (("x", xs), ("y", ys)):
         for a in arrays:
-            if np.issubdtype(a.dtype, np.inexact):
-                bad = ~np.isfinite(a.reshape(rows, -1)).all(axis=1)
-                if bad.any():
-                    raise ParityError(f"{what} holds NaN or inf (first in row {int(np.argmax(bad))}), which every "
-                                      "engine would carry alike, so no parity can be judged: drop or fill those rows")
+            if (row := first_nonfinite_row(a)) is not None:
+                raise ParityError(f"{what} holds NaN or inf (first in row {row}), which every engine would carry "
+                                  "alike, so no parity can be judged: drop or fill those rows")
     return xs, ys, rows
 
 
