@@ -127,18 +127,25 @@ def _through_graph(model, x, training: bool, bare: bool = True, masks: list | No
 def _as_declared(model, x) -> bool:
     """`x` is one tensor of the rank and dtype of the model's declared input, and of its shape."""
     spec = model.inputs[0]
-    return (isinstance(x, torch.Tensor) and x.ndim == len(spec.shape)
-            and keras.backend.standardize_dtype(x.dtype) == spec.dtype and _shaped(model, x))
+    return (isinstance(x, torch.Tensor) and keras.backend.standardize_dtype(x.dtype) == spec.dtype
+            and _fits(spec.shape, x.shape))
 
 
 def _shaped(model, x) -> bool:
-    """Every input's shape is its declared one (None: any size). The layers' own `call`s skip Keras's check of it, so
-    a model given other shapes is called whole, where Keras says what it expected (rather than torch's "mat1 and
-    mat2 shapes cannot be multiplied")."""
+    """Every input's shape is its declared one. The layers' own `call`s skip Keras's check of it, so a model given
+    other shapes is called whole, where Keras says what it expected (rather than torch's "mat1 and mat2 shapes
+    cannot be multiplied")."""
     if isinstance(x, dict):  # inputs by name: Keras's own call checks them
         return False
-    return all(len(t.shape) == len(s.shape) and all(d is None or d == n for d, n in zip(s.shape[1:], t.shape[1:]))
-               for s, t in zip(model.inputs, as_tuple(x)))
+    return all(_fits(s.shape, t.shape) for s, t in zip(model.inputs, as_tuple(x)))
+
+
+def _fits(declared: tuple, shape) -> bool:
+    """`shape` is the `declared` one: the same rank, each axis but the batch's of the declared size (None: any). On
+    every forward, so the usual case, the exact sizes, is one tuple comparison."""
+    shape = tuple(shape)
+    return len(shape) == len(declared) and (shape[1:] == declared[1:] or all(
+        d is None or d == n for d, n in zip(declared[1:], shape[1:])))
 
 
 def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
