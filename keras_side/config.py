@@ -150,6 +150,21 @@ def as_tuple(a) -> tuple:
     return tuple(a) if isinstance(a, (tuple, list)) else (a,)
 
 
+def verb_arrays(x, what: str = "x"):
+    """What a verb (`grad_at`, `predict`) was given, as this package carries it: one array, or a tuple of arrays, one
+    per model input (or output). A list of arrays is how Keras takes several, so it becomes a tuple on every engine.
+    A list of numbers (or of lists of numbers) is refused, as `model.predict` refuses it: is it one array, or one
+    input per item? Arrays of any engine pass as they are."""
+    if not isinstance(x, (list, tuple)):
+        return x
+    if not x or not all(hasattr(a, "shape") for a in x):
+        per = "input" if what == "x" else "output"
+        held = f"of {type(next(a for a in x if not hasattr(a, 'shape'))).__name__}s" if x else "with nothing in it"
+        raise ValueError(f"{what} is a Python {type(x).__name__} {held}, not of arrays; pass np.asarray({what}) (a "
+                         f"list or tuple holds one array per model {per}, as in Keras)")
+    return tuple(x)
+
+
 def keras_inputs(x):
     """Several inputs (or targets) travel here as a tuple of arrays; a Keras model takes them as a list."""
     return list(x) if isinstance(x, tuple) else x

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders
+from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, verb_arrays
 from keras_side.models import ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_metrics,
                               training_loss)
@@ -302,6 +302,7 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """`jax.grad` of the training objective at the model's current weights, in `model.trainable_weights` order: the
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]
     x, y = jax.tree.map(jnp.asarray, (x, y))
@@ -319,6 +320,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 
 def predict(model, x) -> np.ndarray:
     """Inference-mode predictions through `stateless_call`, as NumPy."""
+    x = verb_arrays(x)
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, verb_arrays
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import (TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_optimizer,
@@ -141,6 +141,7 @@ def take_tf(x, idx):
 def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
     """Tape gradient of the training objective at the current weights, in `model.trainable_weights` order: the
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     with tf.GradientTape() as tape:
         target, pred = as_fit_shapes(keras_inputs(y), _forward(model, x, training=training))
@@ -152,5 +153,6 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
 
 def predict(model, x) -> np.ndarray:
     """Inference-mode predictions as NumPy (several outputs stacked on a first axis)."""
+    x = verb_arrays(x)
     ensure_built(model, x)
     return np.asarray(tf.nest.map_structure(lambda t: t.numpy(), _forward(model, x, training=False)))

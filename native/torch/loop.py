@@ -39,7 +39,8 @@ from keras.src.models.functional import Functional
 from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import (HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take,
+                               verb_arrays)
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_loss,
@@ -734,6 +735,7 @@ def _evaluate(model, loss_fn, x, y, regularized: bool, metrics: EpochMetrics) ->
 def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
     """Autograd gradient of the training objective at the current weights, in `model.trainable_weights` order: the
     batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
@@ -748,6 +750,7 @@ def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray
 def predict(model, x) -> np.ndarray:
     """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16);
     several outputs stacked on a first axis."""
+    x = verb_arrays(x)
     ensure_built(model, x)
     device = next(model.parameters()).device
     outputs = _forward(model, _tensors(x, device), training=False)

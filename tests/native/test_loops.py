@@ -298,6 +298,25 @@ def test_inputs_of_another_shape_get_kerass_own_error(build):
         loop.grad_at(model, x, np.ones((2, 1), np.float32))
 
 
+def test_several_inputs_are_a_list_or_a_tuple_of_arrays_and_a_list_of_numbers_is_refused():
+    """A list of arrays is how Keras takes several inputs: torch's verbs read it as one tensor and refused it. A list
+    of numbers is refused on every engine, as `model.predict` refuses it: torch's verbs took it as one array, JAX's
+    and TensorFlow's failed deep inside, each with its own message."""
+    import keras
+
+    a, b = keras.Input((3,)), keras.Input((2,))
+    model = keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+    rng = np.random.default_rng(0)
+    x1, x2, y = (rng.normal(size=(4, n)).astype(np.float32) for n in (3, 2, 1))
+    np.testing.assert_array_equal(loop.predict(model, [x1, x2]), loop.predict(model, (x1, x2)))
+    for got, want in zip(loop.grad_at(model, [x1, x2], y), loop.grad_at(model, (x1, x2), y), strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"^x is a Python list of lists, not of arrays; pass np.asarray\(x\)"):
+        loop.predict(models.har(), x1.tolist())
+    with pytest.raises(ValueError, match=r"^y is a Python list of floats, not of arrays; pass np.asarray\(y\)"):
+        loop.grad_at(models.har(), x1, y[:, 0].tolist())
+
+
 def test_grad_at_shapes_targets_as_fit_does(har):
     """A (n,) target against a (n, 1) prediction is the same target, as in `fit` (it broadcast to (n, n): a wrong
     gradient, without a word); a target with other rows is one error."""
