@@ -8,6 +8,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Never the user's ~/.keras: its keras.json may name an engine that is not installed.
 os.environ.setdefault("KERAS_HOME", str(REPO / ".keras_home"))
+# Nor the user's cache folder: what the tests' JAX workers compile (keras_side.backend.own_cache) stays in this
+# checkout, and no test run reads what other runs of the package left in ~/.cache.
+TEST_CACHE = REPO / ".test_cache"
+os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE)
 
 
 @pytest.fixture(scope="session")

@@ -500,3 +500,15 @@ def test_a_cache_entry_cut_short_is_dropped_so_jax_writes_again(tmp_path, monkey
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["whole-atime", "whole-cache"]
     assert "compilation cache" not in jax_process(env)
     assert len(list(cache.glob("jit_*-cache"))) == len(list(cache.glob("jit_*-atime"))) > 0
+
+
+def test_the_tests_compile_into_the_checkout_not_the_users_cache(tmp_path):
+    """A test's JAX workers share a compilation cache in this checkout (tests/conftest.py), never the user's
+    ~/.cache/native-loops: what other runs left there never reaches a test, and a test run leaves nothing there."""
+    from keras_side import backend
+    from tests.conftest import REPO, TEST_CACHE
+
+    assert TEST_CACHE.parent == REPO and backend.own_cache("jax").is_relative_to(TEST_CACHE)
+    program = "import os; print(os.environ.get('XDG_CACHE_HOME'))"  # what a worker or a launcher inherits
+    assert subprocess.run([sys.executable, "-c", program], capture_output=True, text=True).stdout.strip() == str(
+        TEST_CACHE)
