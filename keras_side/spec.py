@@ -12,6 +12,7 @@ silent approximation. The dataclass imports no engine; the `keras_*` builders im
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import json
 import math
@@ -127,7 +128,15 @@ class TrainConfig:
         for problem in _problems(self):
             raise SpecError(problem)
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> TrainConfig:
+        """The spec a dict of its fields gives (a user's spec, a JSON request); a name that is not a field is a
+        SpecError naming the nearest field."""
+        _known_fields(fields)
+        return cls(**fields)
+
     def replace(self, **changes) -> TrainConfig:
+        _known_fields(changes)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -157,10 +166,19 @@ class TrainConfig:
 DATA_PARALLEL = {"batch_order": "numpy", "validate": False}
 
 
+def _known_fields(names) -> None:
+    known = [f.name for f in dataclasses.fields(TrainConfig)]
+    for name in names:
+        if name not in known:
+            near = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise SpecError(f"{name!r} is not a field of the training spec{hint}; its fields: {', '.join(known)}")
+
+
 def data_parallel_config(fields: str) -> TrainConfig:
     """The spec a data-parallel launcher trains, from its `--config` JSON of TrainConfig fields: DATA_PARALLEL's,
     unless the JSON says otherwise."""
-    return TrainConfig(**{**DATA_PARALLEL, **json.loads(fields)})
+    return TrainConfig.from_dict({**DATA_PARALLEL, **json.loads(fields)})
 
 
 def _problems(c: TrainConfig):

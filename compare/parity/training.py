@@ -153,7 +153,7 @@ def _check_paths(paths, engines: list[str]) -> tuple[str, ...]:
 def _config(spec, batch_size, seed) -> TrainConfig:
     """The spec, on the shared NumPy batch order, without validation (nothing to validate on)."""
     try:
-        cfg = spec if isinstance(spec, TrainConfig) else TrainConfig(**(spec or {}))
+        cfg = spec if isinstance(spec, TrainConfig) else TrainConfig.from_dict(spec or {})
         if cfg.patience is not None:
             raise ParityError("spec: patience (early stopping) watches a validation loss, which training parity has "
                               "no use for; drop it")

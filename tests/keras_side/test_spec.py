@@ -52,6 +52,18 @@ def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
         TrainConfig(**changes)
 
 
+def test_a_name_that_is_not_a_field_is_one_clear_error_naming_the_nearest():
+    """It was a TypeError from the dataclass ("unexpected keyword argument"), with no hint."""
+    with pytest.raises(SpecError, match=r"^'optimiser' is not a field of the training spec \(did you mean "
+                                        r"'optimizer'\?\); its fields: epochs, batch_size"):
+        TrainConfig.from_dict({"optimiser": "sgd"})
+    with pytest.raises(SpecError, match=r"^'clip_norm' is not a field .*\(did you mean 'clipnorm'\?\)"):
+        TrainConfig().replace(clip_norm=1.0)
+    with pytest.raises(SpecError, match=r"^'zzz' is not a field of the training spec; its fields: "):
+        TrainConfig.from_dict({"zzz": 1})
+    assert TrainConfig.from_dict({"optimizer": "sgd"}) == TrainConfig(optimizer="sgd")
+
+
 def test_a_spec_travels_as_json_and_comes_back_equal():
     import json
 
