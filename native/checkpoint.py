@@ -54,15 +54,23 @@ class Saved:
 def _identity(model, data, cfg: TrainConfig, engine: str, path: str) -> dict:
     """What must match to resume: the engine, the path, the model (its variables' names, shapes and dtypes, in
     order: not the layers' auto-numbered names, which depend on what the process built before), the training data
-    (a SHA-256 of its arrays: the batch orders depend on it) and the spec (all but `epochs`)."""
+    (a SHA-256 of its arrays: the batch orders depend on it), the validation data when the run validates (the
+    validation curve goes on from the saved one) and the spec (all but `epochs`)."""
     spec = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k != "epochs"}
-    digest = hashlib.sha256()
-    for array in _arrays(data.x_train) + _arrays(data.y_train) + _arrays(data.w_train):
-        digest.update(str((array.shape, array.dtype.str)).encode())
-        digest.update(memoryview(array).cast("B"))
+    validation = _fingerprint(data.n_val, data.x_val, data.y_val) if cfg.validate else None
     return {"engine": engine, "path": path,
             "model": [[v.name, list(v.shape), str(v.dtype)] for v in model.variables],
-            "data": f"{data.n_train} rows, sha256 {digest.hexdigest()[:16]}", "spec": spec}
+            "data": _fingerprint(data.n_train, data.x_train, data.y_train, data.w_train), "validation": validation,
+            "spec": spec}
+
+
+def _fingerprint(rows: int, *parts) -> str:
+    """The rows and a SHA-256 of the arrays (each of `parts`: an array, a tuple of them, or None)."""
+    digest = hashlib.sha256()
+    for array in (a for part in parts for a in _arrays(part)):
+        digest.update(str((array.shape, array.dtype.str)).encode())
+        digest.update(memoryview(array).cast("B"))
+    return f"{rows} rows, sha256 {digest.hexdigest()[:16]}"
 
 
 def _arrays(a) -> list:
@@ -125,15 +133,15 @@ class Checkpoints:
             state = json.loads((folder / "state.json").read_text())
             if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("epoch") != epoch:
                 raise ValueError("unknown format")
-            if not all(key in state for key in (*self.identity, "curves")):
+            if not all(key in state for key in (*self.identity, "curves") if key != "validation"):
                 raise KeyError("a field is missing")
             if not (isinstance(state["spec"], dict) and _curves_of(state["curves"], epoch)):
                 raise TypeError("a field is not what it should be")
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"checkpoint {folder} is damaged ({type(err).__name__}); start afresh in an empty "
                                   "folder") from None
-        for key in ("engine", "path", "model", "data"):
-            if state[key] != self.identity[key]:
+        for key in ("engine", "path", "model", "data", "validation"):
+            if state.get(key) != self.identity[key]:  # a checkpoint written before the validation was recorded too
                 raise CheckpointError(f"checkpoint {folder} is of another {key} ({_short(state[key])}, this run: "
                                       f"{_short(self.identity[key])}); resume with the same {key}, or give an "
                                       "empty folder")

@@ -108,6 +108,8 @@ def snapshot(folder):
     (lambda: dict(damage={"curves": {"loss": [0.5], "val_loss": [], "metrics": []}}), "is damaged \\(TypeError\\)"),
     (lambda: dict(damage="engine"), "is damaged: its engine state cannot be read"),
     (lambda: dict(data="fewer rows"), 'is of another data \\("2263 rows, sha256 .*this run: "2000 rows'),
+    # the same training rows, another validation set: the resumed curve would join two sets' losses
+    (lambda: dict(data="other validation"), 'is of another validation \\("\\d+ rows, sha256 .*this run: "100 rows'),
 ])
 def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, change, message):
     folder = tmp_path / "c"
@@ -127,7 +129,8 @@ def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_p
     (folder / ".epoch-0003.tmp-1").mkdir()  # a write a killed run left: a refused resume leaves it too
     before = snapshot(folder), sorted(p.name for p in folder.iterdir())
     build, cfg = options.pop("build", stateful_mlp), options.pop("cfg", CFG)
-    data = replace(har, x_train=har.x_train[:2000], y_train=har.y_train[:2000]) if options.pop("data", None) else har
+    data = {None: har, "fewer rows": replace(har, x_train=har.x_train[:2000], y_train=har.y_train[:2000]),
+            "other validation": replace(har, x_val=har.x_val[:100], y_val=har.y_val[:100])}[options.pop("data", None)]
     with pytest.raises(CheckpointError, match=message):
         seed_everything(CFG.seed)
         PATH.train(build(), data, cfg, checkpoint=folder, **{"resume": True, **options})
