@@ -34,9 +34,14 @@ def load(args: argparse.Namespace, **seed):
     return har_data.load_panel(args.data, **seed)
 
 
-def check_seed(seed: int) -> int:
+def check_seed(seed: int, after: int = 0) -> int:
+    """--seed, and the `after` seeds a many-seed run trains after it (`seed_noise.seeds_of`): each one of NumPy's and
+    JAX's seeds. Past 2**32 - 1 JAX's key wraps, so seed 2**32 + 1 would draw seed 1's batch orders again."""
     if not 0 <= seed < 2**32:
         raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got {seed}")
+    if seed + after >= 2**32:
+        raise NativeLoopsError(f"--seed {seed}: the {after:,} seeds this run trains after it go past 2**32 - 1 "
+                               f"(NumPy's and JAX's seeds); give --seed at most {2**32 - 1 - after:,}")
     return seed
 
 
@@ -75,12 +80,13 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_config(args: argparse.Namespace, *, epochs: int | None = None) -> TrainConfig:
-    """The run's one config, from --epochs and --seed; values no engine accepts are the user's to fix."""
+def train_config(args: argparse.Namespace, *, epochs: int | None = None, seeds_after: int = 0) -> TrainConfig:
+    """The run's one config, from --epochs and --seed (`seeds_after`: how many seeds the run trains after its own);
+    values no engine accepts are the user's to fix."""
     epochs = epochs or (TrainConfig.epochs if args.epochs is None else args.epochs)
     if epochs < 1:
         raise NativeLoopsError(f"--epochs must be at least 1, got {epochs}")
-    return TrainConfig(epochs=epochs, seed=check_seed(args.seed))
+    return TrainConfig(epochs=epochs, seed=check_seed(args.seed, seeds_after))
 
 
 # Every epoch's batch order is drawn up front (so that a resumed run draws the same ones), and the JAX loop gathers
@@ -204,7 +210,8 @@ def compare(args: argparse.Namespace) -> int:
         raise NativeLoopsError(f"--float64 checks the HAR's gradient formula, which --model {args.model} does not "
                                "have; drop one of them")
     # The HAR trains with the referee's plain spec (MSE, Adam); another model with what its zoo entry needs.
-    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None).replace(**({} if har else entry.spec))
+    cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None,
+                       seeds_after=seed_noise.COMPARE_SEEDS if har else 0).replace(**({} if har else entry.spec))
     # The HAR's same-arithmetic run lasts the whole run; another model's its first few epochs (see the constant).
     same_epochs = args.same_epochs
     if same_epochs is None:
@@ -446,7 +453,7 @@ def seeds(args: argparse.Namespace) -> int:
     if args.model not in zoo_matrix.ZOO:
         raise NativeLoopsError(f"unknown model {args.model!r}; --model takes one of {', '.join(zoo_matrix.MODELS)}")
     entry, har = zoo_matrix.ZOO[args.model], args.model == "har"
-    cfg = train_config(args).replace(**({} if har else entry.spec))
+    cfg = train_config(args, seeds_after=args.seeds).replace(**({} if har else entry.spec))
     panel, source = load(args)
     prepared = model_data(args, panel, source, entry)
     check_models(cfg, prepared.n_train, args.seeds, "--seeds or --epochs")
@@ -523,7 +530,7 @@ def sweep(args: argparse.Namespace) -> int:
     if len(rates) * args.seeds > MAX_SWEEP_MODELS:
         raise NativeLoopsError(f"{len(rates)} learning rates × {args.seeds} seeds is {len(rates) * args.seeds:,} "
                                f"models in one call, more than {MAX_SWEEP_MODELS:,}; ask for fewer")
-    cfg = train_config(args)
+    cfg = train_config(args, seeds_after=args.seeds)
     panel, source = load(args)
     prepared, ols = prepare_har(args, panel, source)
     check_models(cfg, prepared.n_train, len(rates) * args.seeds, "--learning-rates, --seeds or --epochs")

@@ -103,6 +103,12 @@ TRAINING_CASES = [
     (["compare", "--model", "resnet"], "unknown model 'resnet'; --model takes one of har, har_recent"),
     (["compare", "--quick", "--epochs", "0"], "--quick runs 5 epochs, so it cannot take --epochs"),
     (["bench", "--seed", str(2**32)], "--seed must be an integer from 0 to 2**32 - 1"),
+    # the seeds a many-seed run trains after its own stay seeds too (JAX's key wraps: 2**32 + 1 drew seed 1's orders)
+    (["sweep", "--seed", str(2**32 - 1), "--seeds", "2"], f"--seed {2**32 - 1}: the 2 seeds this run trains after it "
+                                                         f"go past 2**32 - 1 (NumPy's and JAX's seeds); give --seed at "
+                                                         f"most {2**32 - 3:,}"),
+    (["seeds", "--seed", str(2**32 - 10), "--seeds", "10"], f"give --seed at most {2**32 - 11:,}"),
+    (["compare", "--seed", str(2**32 - 100)], "the 100 seeds this run trains after it go past 2**32 - 1"),
     (["walk-forward", "--assets", "indice,indice"], "--assets names indice more than once"),
     (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),
     # every epoch's batch order is drawn up front: a huge --epochs is refused before it fills the memory
