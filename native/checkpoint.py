@@ -120,6 +120,10 @@ class Checkpoints:
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
         _check_writable(self.root)
+        squatters = sorted(p.name for p in self.root.iterdir() if EPOCH.match(p.name) and not p.is_dir())
+        if squatters:  # after the first epoch, its folder could not be renamed into place
+            raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an epoch's "
+                                  "folder goes; move it away, or give another folder")
         found = completed(self.root)
         self.saved = None
         if found and not resume:

@@ -150,6 +150,18 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(h
     assert steps == [] and [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+def test_a_file_named_as_an_epoch_is_refused_before_training(har, tmp_path):
+    """After the first epoch the epoch's folder could not be renamed onto the file: a traceback, and the hidden
+    temporary folder left behind."""
+    (tmp_path / "epoch-0001").write_text("mine")
+    steps = []
+    with pytest.raises(CheckpointError, match=f"checkpoint folder {tmp_path} holds a file named epoch-0001, where an "
+                                              "epoch's folder goes; move it away, or give another folder"):
+        train(har, checkpoint=tmp_path, on_step=lambda loss=None: steps.append(loss))
+    assert steps == [] and [p.name for p in tmp_path.iterdir()] == ["epoch-0001"]
+    assert (tmp_path / "epoch-0001").read_text() == "mine"
+
+
 def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
     with pytest.raises(SpecError, match="checkpoints do not carry early stopping"):
         PATH.train(stateful_mlp(), har, CFG.replace(patience=2), checkpoint=tmp_path / "c")
