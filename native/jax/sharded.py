@@ -32,6 +32,7 @@ from keras_side import cores
 from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
                                take)
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config, training_loss
+from native import preflight
 from native.jax import loop, optim
 
 # jax.distributed's coordinator waits this long for every process to join; a process that dies later is seen by
@@ -291,6 +292,11 @@ def main(argv=None) -> int:
                         "this one process's devices instead (XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     parser.add_argument("--devices", type=int, default=None, help="with --fit: the devices JAX must see")
     args = parser.parse_args(argv)
+    if args.process_id is None:  # what the user gave, before any process starts (a process is given what was checked)
+        try:
+            preflight.launch_args(args, count=None if args.fit else args.processes, windows=args.walk_forward)
+        except preflight.LaunchError as err:
+            return preflight.one_line(parser.prog, err)
     if args.fit:
         return _fit(args)
     if args.process_id is not None:

@@ -52,6 +52,7 @@ from keras_side import cores, swap
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_loss, keras_optimizer
+from native import preflight
 
 
 def use_cpus(replicas: int) -> list[str]:
@@ -241,6 +242,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
+    try:  # what the user gave, before TensorFlow's runtime starts
+        preflight.launch_args(args, count=args.replicas, what="replicas")
+    except preflight.LaunchError as err:
+        return preflight.one_line(parser.prog, err)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything

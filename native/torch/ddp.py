@@ -55,6 +55,7 @@ from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
+from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
 from native.torch.loop import Draws, _forward, _tensors, drawable, spec_loss
@@ -208,6 +209,10 @@ def main(argv=None) -> int:
     parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
     parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
     args = parser.parse_args(argv)
+    try:  # what the user gave, before this rank joins the others (torchrun then reports the rank's exit)
+        preflight.launch_args(args)
+    except preflight.LaunchError as err:
+        return preflight.one_line(parser.prog, err)
     cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
     from keras_side.determinism import seed_everything
     from keras_side.models import ensure_built

@@ -338,3 +338,69 @@ def test_a_zoo_models_default_epochs_stop_before_rounding_decides(tmp_path, monk
     monkeypatch.setattr(commands.dist, "run", run)
     assert cli.main(["distributed", "--engines", "jax", *args, "--out", str(tmp_path / "run")]) == 3
     assert asked == [epochs]
+
+
+LAUNCH_CASES = [
+    (dict(config='{"epochs": 2'), "--config is not JSON (Expecting ',' delimiter); give TrainConfig fields as a JSON "
+                                  "object"),
+    (dict(config="[1, 2]"), "--config must be a JSON object of TrainConfig fields, got a list"),
+    (dict(config='{"epochz": 2}'), "--config: 'epochz' is not a field of the training spec (did you mean 'epochs'?)"),
+    (dict(config='{"epochs": "two"}'), "--config: epochs and batch_size must be whole numbers"),
+    (dict(data="missing.npz"), "--data '{tmp}/missing.npz' is not a file; give a HarData file (HarData.save)"),
+    (dict(data="windows.npz"), "--data '{tmp}/windows.npz' is not a HarData file (HarData.save) (KeyError: "),
+    (dict(windows=True), "--data '{tmp}/data.npz' is not the walk-forward's windows (x, y, rows, x_next) (KeyError: "
+                         "'x, y, rows, x_next')"),
+    (dict(build="nope:nothing"), "--build 'nope:nothing': give module:function, the module importable from here"),
+    (dict(build="keras_side.models"), "--build 'keras_side.models': give module:function"),
+    (dict(build="no_package.sub:f"), "--build 'no_package.sub:f': give module:function"),
+    (dict(out="nodir/w.npz"), "--out '{tmp}/nodir/w.npz': its folder {tmp}/nodir does not exist"),
+    (dict(count=0), "--processes must be between 1 and this machine's"),
+    (dict(count=-1), "--processes must be between 1 and this machine's"),
+    (dict(count=10_000), "--processes must be between 1 and this machine's"),
+]
+
+
+@pytest.mark.parametrize("change, message", LAUNCH_CASES, ids=[m.split()[0] + str(i) for i, (_, m) in
+                                                               enumerate(LAUNCH_CASES)])
+def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path, change, message):
+    """Run by hand, the launchers gave a traceback (from every process) for each of these: bad JSON, a field that
+    is not the spec's, a missing data file, a builder that cannot be imported, an --out in no folder (after the
+    training), 0 or -1 processes (IndexError) or 10,000 (nothing for minutes)."""
+    import argparse
+
+    from native import preflight
+
+    har.save(tmp_path / "data.npz")
+    np.savez(tmp_path / "windows.npz", x=np.zeros(1))
+    given = {"config": "{}", "data": "data.npz", "build": "keras_side.models:har", "out": "w.npz"} | change
+    args = argparse.Namespace(**{k: v if k in ("config", "build") else str(tmp_path / v) for k, v in given.items()
+                                 if k in ("config", "data", "build", "out")})
+    with pytest.raises(preflight.LaunchError) as err:
+        preflight.launch_args(args, count=change.get("count", 2), windows=change.get("windows", False))
+    assert message.replace("{tmp}", str(tmp_path)) in str(err.value)
+    cfg = preflight.launch_args(argparse.Namespace(config='{"epochs": 3}', data=str(tmp_path / "data.npz"),
+                                                   build="keras_side.models:har", out=str(tmp_path / "w.npz")))
+    assert cfg.epochs == 3 and cfg.batch_order == "numpy"  # DATA_PARALLEL's, unless --config says otherwise
+
+
+@pytest.mark.parametrize("engine, command, prog", [
+    ("jax", ["-m", "native.jax.sharded", "--processes", "2"], "python -m native.jax.sharded"),
+    ("tensorflow", ["-m", "native.tensorflow.mirrored", "--replicas", "2"], "python -m native.tensorflow.mirrored"),
+    # a rank, as torchrun starts it: it says why before it joins the others
+    ("torch", ["-m", "native.torch.ddp"], "torchrun ... -m native.torch.ddp"),
+])
+def test_each_launcher_says_what_is_wrong_in_one_line_and_exits_2(har, tmp_path, engine, command, prog):
+    import subprocess
+    import sys
+
+    from keras_side.backend import engine_environment
+
+    har.save(tmp_path / "data.npz")
+    proc = subprocess.run([sys.executable, *command, "--data", str(tmp_path / "data.npz"), "--config",
+                           '{"optimiser": "sgd"}', "--out", str(tmp_path / "w.npz")], capture_output=True, text=True,
+                          env=engine_environment(engine) | {"TF_CPP_MIN_LOG_LEVEL": "3"})
+    said = [line for line in proc.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert proc.returncode == 2 and len(said) == 1, proc.stderr[-2000:]
+    assert said[0].startswith(f"{prog}: error: --config: 'optimiser' is not a field of the training spec (did you "
+                              "mean 'optimizer'?)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npz"]

@@ -1,0 +1,81 @@
+"""What a data-parallel launcher checks before it starts a process or trains a step (`native/jax/sharded.py`,
+`native/tensorflow/mirrored.py`, each rank of `native/torch/ddp.py`), so that a mistake in what a user gave it is
+one line and exit 2, as in `native-loops`, not a traceback from every process:
+
+    cfg = preflight.launch_args(args, count=args.processes, what="processes")   # a LaunchError names the fix
+
+Engine-free: nothing here imports Keras or an engine, and the builder's module is found, not imported (a launcher
+that has not set its backend yet must not import Keras).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+from keras_side.config import HarData
+from keras_side.spec import SpecError, TrainConfig, data_parallel_config
+
+WINDOWS = ("x", "y", "rows", "x_next")  # the walk-forward's model inputs (compare.speed.walk_forward)
+
+
+class LaunchError(ValueError):
+    """A launcher's argument that cannot work; the message names it and the fix."""
+
+
+def launch_args(args, *, count: int | None = None, what: str = "processes", windows: bool = False) -> TrainConfig:
+    """The spec of --config, once --config, --data, --build, --out and the `count` of processes (or replicas,
+    `what`) have been found usable; else a LaunchError. `windows`: --data holds the walk-forward's windows."""
+    if count is not None and not 1 <= count <= (os.cpu_count() or 1):
+        raise LaunchError(f"--{what} must be between 1 and this machine's {os.cpu_count() or 1} cores, got {count}")
+    try:
+        fields = json.loads(args.config)
+    except json.JSONDecodeError as err:
+        raise LaunchError(f"--config is not JSON ({err.msg}); give TrainConfig fields as a JSON object, e.g. "
+                          "'{\"epochs\": 2}'") from None
+    if not isinstance(fields, dict):
+        raise LaunchError(f"--config must be a JSON object of TrainConfig fields, got a {type(fields).__name__}")
+    try:
+        cfg = data_parallel_config(args.config)
+    except SpecError as err:
+        raise LaunchError(f"--config: {err}") from None
+    _check_data(Path(args.data), windows)
+    module, _, function = args.build.partition(":")
+    try:
+        found = bool(module and function) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, an empty or relative name
+        found = False
+    if not found:
+        raise LaunchError(f"--build {args.build!r}: give module:function, the module importable from here "
+                          "(on PYTHONPATH)")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise LaunchError(f"--out {args.out!r}: its folder {out.parent} does not exist; create it, or give another")
+    return cfg
+
+
+def _check_data(path: Path, windows: bool) -> None:
+    wanted = "the walk-forward's windows (x, y, rows, x_next)" if windows else "a HarData file (HarData.save)"
+    if not path.is_file():
+        raise LaunchError(f"--data {str(path)!r} is not a file; give {wanted}")
+    try:
+        if windows:
+            import numpy as np
+
+            with np.load(path) as z:
+                missing = [k for k in WINDOWS if k not in z.files]
+            if missing:
+                raise KeyError(", ".join(missing))
+        else:
+            HarData.load(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise LaunchError(f"--data {str(path)!r} is not {wanted} ({type(err).__name__}: {err})") from None
+
+
+def one_line(prog: str, err: LaunchError) -> int:
+    """Say what is wrong in one line, as `native-loops` does; the exit status of a usage error."""
+    sys.stderr.write(f"{prog}: error: {' '.join(str(err).split())}\n")
+    return 2
