@@ -34,6 +34,16 @@ def load(args: argparse.Namespace, **seed):
     return har_data.load_panel(args.data, **seed)
 
 
+INTERNAL_OPTIONS = ("asset_default", "asset_given")  # set by the CLI itself, not by the user (cli._command)
+
+
+def options(args: argparse.Namespace) -> dict:
+    """Every option of the run's command, as given or by default: with the seed and the versions beside them in the
+    JSON a command writes, what reproduces the run (`--asset`, `--split`, `--end`, `--engines`...)."""
+    return {k: v for k, v in sorted(vars(args).items())
+            if k not in INTERNAL_OPTIONS and (v is None or isinstance(v, (str, int, float, bool)))}
+
+
 def check_seed(seed: int, after: int = 0) -> int:
     """--seed, and the `after` seeds a many-seed run trains after it (`seed_noise.seeds_of`): each one of NumPy's and
     JAX's seeds. Past 2**32 - 1 JAX's key wraps, so seed 2**32 + 1 would draw seed 1's batch orders again."""
@@ -249,7 +259,7 @@ def compare(args: argparse.Namespace) -> int:
         summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {
             "quick": args.quick, "model": args.model,
             "seed_noise": seed_noise.summary(spreads, prepared.features) if spreads else None}
-        write_json(tmp / "report.json", summary)
+        write_json(tmp / "report.json", summary | {"options": options(args)})
         figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse if ols else None)
         if ols:
             figures.slopes(tmp / "slopes.png", {n: report.path_summary(r, prepared)["slopes"]
@@ -315,7 +325,7 @@ def bench(args: argparse.Namespace) -> int:
             timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
     report.print_bench(timings, bench_paths.targets(timings))
     if args.json:
-        write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed})
+        write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed, "options": options(args)})
         report.console().print(f"wrote {report.shown(args.json)}")
     return 3 if timings["incomplete"] else 0
 
@@ -357,7 +367,7 @@ def walk_forward(args: argparse.Namespace) -> int:
         summary = {"config": cfg.to_dict(), "seed": cfg.seed, "versions": versions(), "source": source,
                    "models": windows.n_models, "oos_mse": mse, "walk_forward": result["timing"],
                    "notes": result["notes"]}
-        write_json(tmp / "walk_forward.json", summary)
+        write_json(tmp / "walk_forward.json", summary | {"options": options(args)})
         figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
     report.console().print(f"report: {report.shown(out)}/walk_forward.json, forecasts.png")
     return 0
@@ -390,7 +400,8 @@ def zoo(args: argparse.Namespace) -> int:
                                epochs=cfg.epochs, rows=args.rows, seed=cfg.seed, asset=args.asset, split=args.split,
                                end=args.end, validation=args.validation, fast=args.fast_paths, on_cell=on_cell)
         report.print_zoo(found)
-        write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers})
+        write_json(tmp / "zoo.json", found | {"source": source, "models": models, "optimizers": optimizers,
+                                             "options": options(args)})
         figures.zoo(tmp / "zoo.png", found["cells"], found["tolerance"])
         for scratch in tmp.glob("zoo-*.npz"):
             scratch.unlink()
@@ -428,7 +439,7 @@ def distributed(args: argparse.Namespace) -> int:
             found = dist.run(prepared, cfg, engines, processes=args.processes, folder=tmp, build=entry.build,
                              windows=windows, fit=args.fit, on_event=on_event)
         report.print_distributed(found)
-        write_json(tmp / "distributed.json", found | {"source": source, "model": args.model})
+        write_json(tmp / "distributed.json", found | {"source": source, "model": args.model, "options": options(args)})
         # a failed launch's output stays, named in its line, and so do the workers' logs (engines/<engine>)
         kept = [] if found["incomplete"] else [*tmp.glob("*.log"), *tmp.glob("engines")]
         for scratch in [*tmp.glob("*.npz"), *kept]:
@@ -473,7 +484,7 @@ def seeds(args: argparse.Namespace) -> int:
         write_json(tmp / "seeds.json", {
             "config": cfg.to_dict(), "seed": cfg.seed, "seeds": seed_noise.seeds_of(cfg.seed, args.seeds),
             "versions": versions(), "source": source, "model": args.model, "engines": summary, "timings": timings,
-            "checks": [c.__dict__ for c in found], "failed": failed, "notes": notes})
+            "checks": [c.__dict__ for c in found], "failed": failed, "notes": notes, "options": options(args)})
         figures.seeds(tmp / "seeds.png", spreads, prepared.features if har else (), args.model)
         shutil.rmtree(tmp / "engines")
         (tmp / "data.npz").unlink()
@@ -550,7 +561,7 @@ def sweep(args: argparse.Namespace) -> int:
             "versions": versions(), "source": source, "learning_rates": rates, "batch_sizes": sizes,
             "ols_val_mse": ols.val_mse, "best": best,
             "engines": {e: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in f.items()}
-                        for e, f in found.items()}})
+                        for e, f in found.items()}, "options": options(args)})
         figures.sweep(tmp / "sweep.png", {e: f["val_mse"] for e, f in found.items()}, rates, sizes, ols.val_mse,
                       best)
         shutil.rmtree(tmp / "engines")

@@ -72,6 +72,11 @@ def test_seeds_end_to_end(tmp_path, capsys):
     found = json.loads((out / "seeds.json").read_text())
     assert code == (0 if all(c["passed"] for c in found["checks"]) else 1)
     assert found["seeds"] == list(range(1, 7)) and found["seed"] == 0 and found["versions"]["keras"] == "3.15.1"
+    # every option, given or by default: what reproduces the run with its seed (the data's asset, split, end too)
+    assert found["options"] | {"out": None} == {
+        "asset": "indice", "command": "seeds", "data": None, "end": None, "engines": "torch,jax,tensorflow",
+        "epochs": 3, "model": "har", "out": None, "seed": 0, "seeds": 6, "split": "2018-01-01",
+        "validation": "last-year"}
     assert found["engines"]["jax"]["seeds"] == found["engines"]["torch"]["seeds"] == 6
     assert "seeds" not in found["engines"]["tensorflow"]  # its default run only, judged against the others'
     assert len(found["checks"]) == 6 and all(c["tolerance"] > 0 for c in found["checks"])
@@ -93,6 +98,8 @@ def test_sweep_end_to_end(tmp_path):
     assert found["best"]["jax"]["val_mse"] == pytest.approx(grid.min())
     assert grid[1, 0] > grid[0, 1]  # 3 epochs: a small rate on big batches is the furthest from OLS
     assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]
+    assert {k: found["options"][k] for k in ("learning_rates", "engines", "asset", "split")} == {
+        "learning_rates": "0.003,0.03,1e30", "engines": "jax", "asset": "indice", "split": "2018-01-01"}
 
 
 def test_a_sweep_whose_every_cell_diverged_says_so(tmp_path, capsys):

@@ -76,6 +76,8 @@ def test_walk_forward_command(tmp_path, capsys):
                      "--out", str(out)]) == 0
     summary = json.loads((out / "walk_forward.json").read_text())
     assert summary["models"] == 97 and set(summary["oos_mse"]) == {"ols", "jax-vmap-1dev", "torch-vmap"}
+    assert {k: summary["options"][k] for k in ("assets", "devices", "fit_refits", "split", "end", "seed")} == {
+        "assets": "bono", "devices": 1, "fit_refits": 1, "split": "2018-01-01", "end": None, "seed": 0}
     assert set(summary["oos_mse"]["ols"]) == {"bono"}
     timing = summary["walk_forward"]
     assert timing["jax-vmap-1dev"]["models_per_s"] > 0 and timing["torch-vmap"]["models_per_s"] > 0
