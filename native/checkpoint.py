@@ -120,7 +120,8 @@ class Checkpoints:
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
         _check_writable(self.root)
-        squatters = sorted(p.name for p in self.root.iterdir() if EPOCH.match(p.name) and not p.is_dir())
+        squatters = sorted(p.name for p in self.root.iterdir() if EPOCH.match(p.name) and not p.is_dir()) if (
+            self.root.is_dir()) else []  # (a folder made only to find out it can be written is removed again)
         if squatters:  # after the first epoch, its folder could not be renamed into place
             raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an epoch's "
                                   "folder goes; move it away, or give another folder")
@@ -194,8 +195,14 @@ class Checkpoints:
             state = {"format": FORMAT, "epoch": epoch, **self.identity, "curves": curves, "seed": self.cfg.seed,
                      "versions": versions()}
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            why = _disk_failure(err)
+            if why:  # a full disk, a folder gone or made read-only: the disk's doing, not the run's
+                kept = [e for e, _ in completed(self.root)]
+                raise CheckpointError(f"checkpoint {final} could not be written ({why}); "
+                                      + (f"epoch {kept[-1]} is kept there" if kept else "no epoch is saved yet")
+                                      + ": free space (or fix the folder) and resume") from None
             raise
         with interrupts_held():  # the new epoch in place and the older ones gone, or neither: never both in view
             shutil.rmtree(final, ignore_errors=True)  # a run resumed from an earlier epoch writes this one again
@@ -206,6 +213,18 @@ class Checkpoints:
                     os.rename(folder, trash)
                     shutil.rmtree(trash, ignore_errors=True)
         return final
+
+
+def _disk_failure(err: BaseException) -> str | None:
+    """Why a checkpoint could not be written when the disk is the cause, as each engine's tool says it: an OSError
+    (torch.save, h5py), TensorFlow's ResourceExhaustedError, orbax's ValueError "RESOURCE_EXHAUSTED" (measured on a
+    full tmpfs); None for anything else."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    text = f"{type(err).__name__}: {err}"
+    if "No space left on device" in text:
+        return "No space left on device"
+    return "the disk is full" if "RESOURCE_EXHAUSTED" in text or "ResourceExhausted" in text else None
 
 
 def _curves_of(curves, epochs: int) -> bool:

@@ -162,6 +162,30 @@ def test_a_file_named_as_an_epoch_is_refused_before_training(har, tmp_path):
     assert (tmp_path / "epoch-0001").read_text() == "mine"
 
 
+@pytest.mark.parametrize("full", [OSError(28, "No space left on device"),  # torch.save, h5py
+                                  ValueError("RESOURCE_EXHAUSTED: Error writing local file: Failed to write 683 bytes "
+                                             "to file 5: No space left on device [os_error_code='28']")])  # orbax
+def test_a_checkpoint_that_cannot_be_written_is_one_error_and_the_last_epoch_stays(har, tmp_path, monkeypatch, full):
+    """A full disk at the second epoch (a real one: hundreds of lines of tracebacks, orbax's among them) is one
+    error that says which epoch is kept, and nothing half-written is left in view."""
+    import importlib
+
+    writer = importlib.import_module(f"native.{ENGINE}.checkpoint")
+    real, calls = writer.write, []
+
+    def write(folder, *args, **kwargs):
+        calls.append(folder)
+        if len(calls) == 2:
+            raise full
+        return real(folder, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write", write)
+    with pytest.raises(CheckpointError, match=r"epoch-0002 could not be written \(No space left on device\); epoch 1 "
+                                              r"is kept there: free space \(or fix the folder\) and resume$"):
+        train(har, checkpoint=tmp_path / "c")
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["epoch-0001"]
+
+
 def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
     with pytest.raises(SpecError, match="checkpoints do not carry early stopping"):
         PATH.train(stateful_mlp(), har, CFG.replace(patience=2), checkpoint=tmp_path / "c")
