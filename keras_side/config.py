@@ -216,17 +216,26 @@ def save_npz(path, **arrays) -> None:
     os.replace(tmp, path)
 
 
-def save_trained(path, weights, seconds: float, cpus: list[list[int] | None] | None = None) -> None:
-    """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds; with
-    `cpus`, the cores each of its processes could compute on, one list per process (`keras_side.cores.cores_in_use`)."""
+def save_trained(path, weights, seconds: float, cpus: list[list[int] | None] | None = None, *,
+                 seed: int | None = None) -> None:
+    """What a data-parallel run (or its one-process baseline) trained: the weights and the training seconds, the
+    libraries' versions, and the run's seed when given; with `cpus`, the cores each of its processes could compute
+    on, one list per process (`keras_side.cores.cores_in_use`)."""
     cores = {} if cpus is None else {"cpus": np.asarray(json.dumps(cpus))}
-    save_npz(path, seconds=seconds, **cores, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
+    record = {"versions": np.asarray(json.dumps(versions()))} | ({} if seed is None else {"seed": seed})
+    save_npz(path, seconds=seconds, **cores, **record, **{f"w_{i}": np.asarray(w) for i, w in enumerate(weights)})
 
 
 def load_trained(path) -> tuple[list[np.ndarray], float]:
     """`save_trained`'s weights, in order, and seconds."""
     with np.load(path) as z:
         return [z[f"w_{i}"] for i in range(sum(f.startswith("w_") for f in z.files))], float(z["seconds"])
+
+
+def trained_record(path) -> dict:
+    """The seed and versions `save_trained` recorded (the seed None where none was given)."""
+    with np.load(path) as z:
+        return {"seed": int(z["seed"]) if "seed" in z.files else None, "versions": json.loads(str(z["versions"]))}
 
 
 def trained_cpus(path) -> list[list[int] | None] | None:

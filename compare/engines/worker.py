@@ -188,7 +188,7 @@ def _native_weights(request: dict, send) -> dict:
     else:
         result = paths.loop(ENGINE).train(model, data, cfg, progress=progress)
         weights, seconds = result.weights, result.train_seconds + (result.compile_seconds or 0.0)  # compiles too
-    save_trained(request["weights"], weights, seconds, [cores.cores_in_use()])
+    save_trained(request["weights"], weights, seconds, [cores.cores_in_use()], seed=cfg.seed)
     return {}
 
 

@@ -147,7 +147,7 @@ def _work(args) -> int:
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     cpus = _every_process_cores()
     if jax.process_index() == 0:
-        save_trained(args.out, weights, seconds, cpus)
+        save_trained(args.out, weights, seconds, cpus, seed=cfg.seed)
     jax.distributed.shutdown()
     return 0
 
@@ -206,7 +206,7 @@ def _fit(args) -> int:
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = fit_train(resolve(args.build), data, cfg)
-    save_trained(args.out, weights, time.perf_counter() - start, [cores.cores_in_use()])
+    save_trained(args.out, weights, time.perf_counter() - start, [cores.cores_in_use()], seed=cfg.seed)
     return 0
 
 

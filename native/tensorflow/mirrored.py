@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up
-    save_trained(args.out, weights, seconds, [cores.cores_in_use()])
+    save_trained(args.out, weights, seconds, [cores.cores_in_use()], seed=cfg.seed)
     return 0
 
 

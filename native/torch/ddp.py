@@ -233,7 +233,7 @@ def main(argv=None) -> int:
         cpus = [None] * dist.get_world_size()
         dist.all_gather_object(cpus, cores.cores_in_use())  # the cores each rank could compute on
         if dist.get_rank() == 0:
-            save_trained(args.out, weights, seconds, cpus)
+            save_trained(args.out, weights, seconds, cpus, seed=cfg.seed)
     finally:
         dist.destroy_process_group()
     return 0

@@ -303,7 +303,7 @@ def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
     """The yardstick's run: the same seeded start but one weight one ulp away, so it ends a hair from the plain run
     (the HAR is convex: nowhere near the tolerance), and the plain run is where it was."""
     from compare.engines import runner
-    from keras_side.config import load_trained
+    from keras_side.config import load_trained, trained_record, versions
 
     har.save(tmp_path / "data.npz")
     request = {"data": str(tmp_path / "data.npz"), "config": {"epochs": 1, "batch_order": "numpy", "validate": False},
@@ -314,6 +314,7 @@ def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
             assert not pool.each("native_weights", lambda e: {**request, "nudge": nudge, "fit": fit,
                                                                 "weights": str(tmp_path / f"{name}.npz")})
     runs = {n: load_trained(tmp_path / f"{n}.npz")[0] for n in ("plain", "again", "nudged", "fit", "fit-nudged")}
+    assert trained_record(tmp_path / "plain.npz") == {"seed": 0, "versions": versions()}
     assert all(np.array_equal(a, b) for a, b in zip(runs["plain"], runs["again"]))
     for a, b in (("plain", "nudged"), ("fit", "fit-nudged")):
         gap = max(float(np.max(np.abs(x - y))) for x, y in zip(runs[a], runs[b]))

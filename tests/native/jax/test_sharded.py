@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from compare.referee.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import load_trained, whole_batches
+from keras_side.config import load_trained, trained_record, versions, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side import fit
 from keras_side.spec import SpecError, TrainConfig, resolve
@@ -21,9 +21,9 @@ SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) does n
 CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
 
 
-def alone(har, build):
-    seed_everything(0)
-    return loop.train(resolve(build)(), har, CFG).weights
+def alone(har, build, seed=0):
+    seed_everything(seed)
+    return loop.train(resolve(build)(), har, CFG.replace(seed=seed)).weights
 
 
 @pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
@@ -57,10 +57,11 @@ def test_two_outputs_on_two_devices_end_where_one_ends(panel):
 
 def test_two_processes_end_where_one_ends(har, tmp_path):
     har.save(tmp_path / "data.npz")
-    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC)
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC | {"seed": 5})
     assert result.returncode == 0, result.stderr[-3000:]
     parallel, _ = load_trained(tmp_path / "weights.npz")
-    for a, b in zip(alone(har, "keras_side.models:har"), parallel, strict=True):
+    assert trained_record(tmp_path / "weights.npz") == {"seed": 5, "versions": versions()}  # what reproduces it
+    for a, b in zip(alone(har, "keras_side.models:har", seed=5), parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 

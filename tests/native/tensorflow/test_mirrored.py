@@ -11,7 +11,7 @@ import pytest
 
 from compare.distributed import MODELS
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
-from keras_side.config import load_trained, shard, take, whole_batches
+from keras_side.config import load_trained, shard, take, trained_record, versions, whole_batches
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
@@ -30,6 +30,7 @@ def mirrored_run(data, tmp_path, build, *extra, config: dict = SPEC) -> list[np.
                            str(tmp_path / "data.npz"), "--config", json.dumps(config), "--build", build, "--out",
                            str(tmp_path / "weights.npz"), *extra], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert trained_record(tmp_path / "weights.npz") == {"seed": config.get("seed", 0), "versions": versions()}
     return load_trained(tmp_path / "weights.npz")[0]
 
 

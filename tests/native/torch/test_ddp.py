@@ -9,7 +9,7 @@ import torch
 
 from compare.distributed import MODELS
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
-from keras_side.config import keras_inputs, load_trained, shard, take
+from keras_side.config import keras_inputs, load_trained, shard, take, trained_record, versions
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.torch import ddp
@@ -38,6 +38,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
     proc = launch(tmp_path, build)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parallel, _ = load_trained(tmp_path / "weights.npz")
+    assert trained_record(tmp_path / "weights.npz") == {"seed": 0, "versions": versions()}  # rank 0's
     seed_everything(0)
     alone = torch_loop.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
     for a, b in zip(alone.weights, parallel, strict=True):
