@@ -120,8 +120,8 @@ class Checkpoints:
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
         _check_writable(self.root)
-        squatters = sorted(p.name for p in self.root.iterdir() if EPOCH.match(p.name) and not p.is_dir()) if (
-            self.root.is_dir()) else []  # (a folder made only to find out it can be written is removed again)
+        listed = self.root.iterdir() if self.root.is_dir() else ()  # _check_writable removes a folder it made
+        squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())
         if squatters:  # after the first epoch, its folder could not be renamed into place
             raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an epoch's "
                                   "folder goes; move it away, or give another folder")
@@ -147,7 +147,7 @@ class Checkpoints:
                                   "folder") from None
         for key in ("engine", "path", "model", "data", "validation"):
             if state.get(key) != self.identity[key]:  # a checkpoint written before the validation was recorded too
-                raise CheckpointError(f"checkpoint {folder} is of another {key} ({_short(state[key])}, this run: "
+                raise CheckpointError(f"checkpoint {folder} is of another {key} ({_short(state.get(key))}, this run: "
                                       f"{_short(self.identity[key])}); resume with the same {key}, or give an "
                                       "empty folder")
         changed = [k for k in self.identity["spec"] if state["spec"].get(k) != self.identity["spec"][k]]

@@ -110,6 +110,8 @@ def snapshot(folder):
     (lambda: dict(data="fewer rows"), 'is of another data \\("2263 rows, sha256 .*this run: "2000 rows'),
     # the same training rows, another validation set: the resumed curve would join two sets' losses
     (lambda: dict(data="other validation"), 'is of another validation \\("\\d+ rows, sha256 .*this run: "100 rows'),
+    # a checkpoint written before the validation data was recorded: it cannot show it is the same (was a KeyError)
+    (lambda: dict(damage="no validation"), 'is of another validation \\(null, this run: "\\d+ rows, sha256 '),
 ])
 def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, change, message):
     folder = tmp_path / "c"
@@ -121,6 +123,9 @@ def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_p
         for f in (folder / "epoch-0002" / "engine").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"damaged")
+    elif damage == "no validation":
+        state = folder / "epoch-0002" / "state.json"
+        state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "validation"}))
     elif isinstance(damage, dict):  # fields of state.json replaced
         state = folder / "epoch-0002" / "state.json"
         state.write_text(json.dumps(json.loads(state.read_text()) | damage))
