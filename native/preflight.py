@@ -16,6 +16,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
+
 from keras_side.config import HarData
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 
@@ -63,8 +65,6 @@ def _check_data(path: Path, windows: bool) -> None:
         raise LaunchError(f"--data {str(path)!r} is not a file; give {wanted}")
     try:
         if windows:
-            import numpy as np
-
             with np.load(path) as z:
                 missing = [k for k in WINDOWS if k not in z.files]
             if missing:

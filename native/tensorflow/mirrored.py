@@ -51,7 +51,7 @@ from keras.src.backend.tensorflow import random as keras_tf_random
 from keras_side import cores, swap
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
-from keras_side.spec import SpecError, TrainConfig, data_parallel_config, keras_loss, keras_optimizer
+from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
 from native import preflight
 
 
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
     try:  # what the user gave, before TensorFlow's runtime starts
-        preflight.launch_args(args, count=args.replicas, what="replicas")
+        cfg = preflight.launch_args(args, count=args.replicas, what="replicas")
     except preflight.LaunchError as err:
         return preflight.one_line(parser.prog, err)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
@@ -252,7 +252,6 @@ def main(argv=None) -> int:
     from keras_side.spec import resolve
 
     data = HarData.load(Path(args.data))
-    cfg = data_parallel_config(args.config)
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)

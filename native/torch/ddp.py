@@ -54,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers
-from keras_side.spec import SpecError, TrainConfig, data_parallel_config
+from keras_side.spec import SpecError, TrainConfig
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
     args = parser.parse_args(argv)
     try:  # what the user gave, before this rank joins the others (torchrun then reports the rank's exit)
-        preflight.launch_args(args)
+        cfg = preflight.launch_args(args)
     except preflight.LaunchError as err:
         return preflight.one_line(parser.prog, err)
     cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
@@ -224,7 +224,6 @@ def main(argv=None) -> int:
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
         data = HarData.load(Path(args.data))
-        cfg = data_parallel_config(args.config)
         seed_everything(cfg.seed)
         model = ensure_built(resolve(args.build)(), data.x_train)
         start = time.perf_counter()
