@@ -43,7 +43,7 @@ def ols_fit(panel):
 LONGEST_FIRST = ["compare/test_distributed.py", "compare/test_compare_cli.py", "compare/test_training_parity.py",
                  "compare/test_zoo.py", "compare/test_bench.py", "compare/test_walk_forward.py",
                  "compare/test_parity.py", "compare/test_seeds.py",
-                 "native/torch/test_loop.py", "native/torch/test_ddp.py",
+                 "native/torch/test_compile.py", "native/torch/test_ddp.py",
                  "native/jax/test_sharded.py", "native/jax/test_many.py", "native/test_loops.py",
                  "native/test_checkpoint.py", "native/test_optim.py",
                  "native/tensorflow/test_mirrored.py"]
