@@ -60,8 +60,21 @@ def _temp_beside(path: Path) -> Path:
 
 
 def write_json(path: str | Path, obj) -> None:
+    """`obj` as standard JSON, which has no NaN or infinity: such a number (a diverged loss, a gap between NaN
+    weights) is written as null, where Python's `json` would write `NaN`, which other readers (`jq`, a browser)
+    refuse."""
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n")
+        tmp.write_text(json.dumps(_finite_or_null(obj), indent=2, allow_nan=False) + "\n")
+
+
+def _finite_or_null(obj):
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    return obj
 
 
 @contextmanager
@@ -88,7 +101,7 @@ def atomic_folder(path: str | Path):
     lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # not 0o777, os.open's default
     except FileExistsError as err:
         if Path(err.filename) != lock:  # a file where a parent folder should be
             _remove_empty(made)
@@ -101,7 +114,8 @@ def atomic_folder(path: str | Path):
     tmp = None
     try:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise NativeLoopsError(f"--out {str(path)!r} already exists and is not an empty folder; choose a new one")
+            what = "is a file" if not path.is_dir() else "already exists and is not an empty folder"
+            raise NativeLoopsError(f"--out {str(path)!r} {what}; choose a new folder")
         try:
             tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
         except OSError as err:  # a name too long for the temporary folder's

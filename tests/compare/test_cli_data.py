@@ -161,6 +161,38 @@ def test_out_folder_must_be_new(files, tmp_path, capsys):
     code = cli.main(["compare", "--data", files["good"], "--out", str(tmp_path)])
     assert code == 2 and "already exists and is not an empty folder" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+    code = cli.main(["compare", "--data", files["good"], "--out", str(tmp_path / "keep.txt")])  # said "not an
+    assert code == 2 and "keep.txt' is a file; choose a new folder" in capsys.readouterr().err  # empty folder"
+    assert (tmp_path / "keep.txt").read_text() == "earlier run"
+
+
+def test_the_lock_beside_out_is_not_executable(tmp_path):
+    """os.open's default mode is 0o777: the lock file was made executable (under a 022 umask, rwxr-xr-x)."""
+    import stat
+
+    from compare.io import atomic_folder
+
+    old = os.umask(0o022)
+    try:
+        with atomic_folder(tmp_path / "run"):
+            mode = stat.S_IMODE((tmp_path / ".run.lock").stat().st_mode)
+    finally:
+        os.umask(old)
+    assert mode == 0o644
+
+
+def test_reports_are_standard_json_with_null_for_a_number_that_is_not_finite(tmp_path):
+    """A diverged sweep's cells, a gap between NaN weights: Python's json wrote NaN and Infinity, which jq, a
+    browser and JSON.parse refuse."""
+    import json
+
+    from compare.io import write_json
+
+    write_json(tmp_path / "r.json", {"val_mse": [[0.5, float("nan")], [np.float64("inf"), -float("inf")]],
+                                     "best": None, "gap": np.float64(0.25), "n": 3, "name": "NaN"})
+    text = (tmp_path / "r.json").read_text()
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the report")) == {
+        "val_mse": [[0.5, None], [None, None]], "best": None, "gap": 0.25, "n": 3, "name": "NaN"}
 
 
 def test_real_process_exit_code_and_no_traceback(files, tmp_path):
