@@ -379,8 +379,8 @@ def print_seeds(summary: dict, timings: dict, model: str) -> None:
 def print_sweep(found: dict, best: dict, rates: list[float], sizes: list[int], ols_val_mse: float, seeds: int) -> None:
     """Per engine, the grid of mean validation MSE (batch sizes × learning rates), the best cell against OLS."""
     for engine, f in found.items():
-        table = Table("batch size", *[f"lr {r:g}" for r in rates], title=f"{engine}: validation MSE (log RV²), mean "
-                      f"of {seeds} seeds; OLS {ols_val_mse:.5f}", title_justify="left")
+        table = Table("batch size", *[f"lr {r:g}" for r in rates], title=f"{engine}: validation MSE (log RV²), "
+                      f"{'one seed' if seeds == 1 else f'mean of {seeds} seeds'}; OLS {ols_val_mse:.5f}", title_justify="left")
         for i, size in enumerate(sizes):
             table.add_row(str(size), *[f"{v:.5f}" for v in f["val_mse"][i]])
         console().print(table)
@@ -390,4 +390,5 @@ def print_sweep(found: dict, best: dict, rates: list[float], sizes: list[int], o
             continue
         console().print(f"{engine}: best lr {b['learning_rate']:g}, batch size {b['batch_size']}: "
                         f"{b['val_mse']:.5f} ({b['val_mse'] / ols_val_mse - 1:+.2%} against OLS); "
-                        f"{f['seconds']:.2f} s training, {f['compile_seconds']:.2f} s compiling")
+                        f"{f['seconds']:.2f} s training" + ("" if f["compile_seconds"] is None else
+                                                            f", {f['compile_seconds']:.2f} s compiling"))

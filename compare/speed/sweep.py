@@ -26,12 +26,12 @@ ENGINES = runner.MANY_ENGINES
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, learning_rates: list[float],
         batch_sizes: list[int], seeds: int, on_event=lambda engine, event: None) -> dict:
-    """{engine: {"val_mse": (batch sizes, rates) mean over seeds, "val_mse_std", "seconds"}}; an engine that
-    failed raises."""
+    """{engine: {"val_mse": (batch sizes, rates) mean over seeds, "val_mse_std", "seconds", "compile_seconds"}},
+    compile_seconds None on an engine that compiles nothing (torch); an engine that failed raises."""
     data_file = folder / "data.npz"
     data.save(data_file)
     shape = (len(batch_sizes), len(learning_rates))
-    found = {e: {"val_mse": np.zeros(shape), "val_mse_std": np.zeros(shape), "seconds": 0.0, "compile_seconds": 0.0}
+    found = {e: {"val_mse": np.zeros(shape), "val_mse_std": np.zeros(shape), "seconds": 0.0, "compile_seconds": None}
              for e in engines}
     with runner.Pool(engines, folder, jobs=1) as pool:
         for i, batch_size in enumerate(batch_sizes):
@@ -48,7 +48,9 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, le
                 found[engine]["val_mse"][i] = val.mean(axis=1)
                 found[engine]["val_mse_std"][i] = val.std(axis=1)
                 found[engine]["seconds"] += times[engine]["seconds"]
-                found[engine]["compile_seconds"] += times[engine]["compile_seconds"] or 0.0
+                if times[engine]["compile_seconds"] is not None:  # None: an engine that compiles nothing (torch)
+                    found[engine]["compile_seconds"] = (found[engine]["compile_seconds"] or 0.0) + times[engine][
+                        "compile_seconds"]
     if pool.failed:
         raise NativeLoopsError("sweep worker failed: " + "; ".join(f"{e}: {m}" for e, m in pool.failed.items()))
     return found

@@ -91,7 +91,8 @@ def test_sweep_end_to_end(tmp_path):
     assert cli.main(["sweep", "--learning-rates", "0.003,0.03,1e30", "--batch-sizes", "64,256", "--seeds", "2",
                      "--epochs", "3", "--engines", "jax", "--out", str(out)]) == 0
     found = json.loads((out / "sweep.json").read_text())
-    grid = np.array(found["engines"]["jax"]["val_mse"])
+    assert all(row[2] is None for row in found["engines"]["jax"]["val_mse"])  # not finite: null in standard JSON
+    grid = np.array(found["engines"]["jax"]["val_mse"], dtype=float)  # null as NaN
     assert grid.shape == (2, 3) and not np.isfinite(grid[:, 2]).any()  # a rate of 1e30 diverges: left out of the best
     grid = grid[:, :2]
     assert np.all(grid > found["ols_val_mse"] * 0.9)
@@ -117,3 +118,18 @@ def test_a_sweep_whose_every_cell_diverged_says_so(tmp_path, capsys):
     assert "jax: every cell diverged (no finite validation MSE); try smaller learning rates" in capsys.readouterr().out
     figures.sweep(tmp_path / "sweep.png", {"jax": grid}, [1e3, 1e4], [64, 256], 0.14, {"jax": None})
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_a_sweep_of_one_seed_on_an_engine_that_compiles_nothing_says_so_plainly(capsys):
+    """It printed "mean of 1 seeds" and, for torch's eager loop, "0.00 s compiling"."""
+    from compare.referee import report
+
+    grid = np.array([[0.2, 0.3]])
+    best = {"batch_size": 64, "learning_rate": 1e-3, "val_mse": 0.2}
+    report.print_sweep({"torch": {"val_mse": grid, "seconds": 1.0, "compile_seconds": None},
+                        "jax": {"val_mse": grid, "seconds": 1.0, "compile_seconds": 0.5}},
+                       {"torch": best, "jax": best}, [1e-3, 1e-2], [64], 0.14, 1)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "torch: validation MSE (log RV²), one seed; OLS" in out and "seeds" not in out
+    assert "torch: best lr 0.001, batch size 64: 0.20000 (+42.86% against OLS); 1.00 s training jax:" in out
+    assert "1.00 s training, 0.50 s compiling" in out
