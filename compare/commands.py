@@ -369,6 +369,8 @@ def walk_forward(args: argparse.Namespace) -> int:
                    "notes": result["notes"]}
         write_json(tmp / "walk_forward.json", summary | {"options": options(args)})
         figures.forecasts(tmp / "forecasts.png", windows, forecasts, shown)
+        shutil.rmtree(tmp / "engines")  # the workers' scratch, as sweep and seeds leave none
+        (tmp / "windows.npz").unlink()
     report.console().print(f"report: {report.shown(out)}/walk_forward.json, forecasts.png")
     return 0
 

@@ -83,6 +83,7 @@ def test_walk_forward_command(tmp_path, capsys):
     assert timing["jax-vmap-1dev"]["models_per_s"] > 0 and timing["torch-vmap"]["models_per_s"] > 0
     assert "extrapolated" in timing["keras-jax-fit-extrapolated"]["note"]
     assert (out / "forecasts.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in out.iterdir()) == ["forecasts.png", "walk_forward.json"]  # no windows.npz, engines/
     assert "bono" in capsys.readouterr().out
 
 
