@@ -117,12 +117,14 @@ def drop_cut_short(folder: Path) -> None:
 
 
 def keras_defaults() -> None:
-    """Put Keras's global settings back to its defaults (float32, epsilon 1e-7, channels last, no cap on fit's
-    epochs or steps): a `keras.json` under a user's KERAS_HOME, or KERAS_MAX_EPOCHS, may change them, and every
-    number we report assumes them. Call it after `import keras`; it changes this process's Keras settings."""
+    """Put Keras's global settings back to its defaults (float32 and its dtype policy, epsilon 1e-7, channels last, no
+    cap on fit's epochs or steps): a `keras.json` under a user's KERAS_HOME, or KERAS_MAX_EPOCHS, may change them,
+    and every number we report assumes them, as do the worker's requests (each starts from them, whatever an earlier
+    one's model builder set). Call it after `import keras`; it changes this process's Keras settings."""
     import keras
 
     keras.config.set_floatx("float32")
+    keras.config.set_dtype_policy("float32")  # a builder's mixed_bfloat16 would outlive its model
     keras.config.set_epsilon(1e-7)
     keras.config.set_image_data_format("channels_last")
     keras.config.set_max_epochs(None)  # KERAS_MAX_EPOCHS / KERAS_MAX_STEPS_PER_EPOCH would cap what fit trains

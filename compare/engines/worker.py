@@ -366,7 +366,8 @@ def serve(requests, protocol) -> None:
         request = json.loads(line)
         if request["cmd"] == "exit":
             return
-        try:
+        try:  # from Keras's defaults, whatever an earlier request's builder set (floatx, a dtype policy)
+            keras_defaults()
             send(event="done", **HANDLERS[request["cmd"]](request, send))
         except Exception as err:  # reported to the runner, which marks this engine's step as failed
             send(event="error", message=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())

@@ -79,7 +79,7 @@ def loop_parity(grad_parity_pool):
     `compare.parity.assert_loop_matches_fit`."""
     def check(*args, **kwargs):
         __tracebackhide__ = True
-        return parity.assert_loop_matches_fit(*args, pool=grad_parity_pool(), **kwargs)
+        return _alone(parity.assert_loop_matches_fit, *args, pool=grad_parity_pool(), **kwargs)
 
     return check
 
@@ -87,20 +87,32 @@ def loop_parity(grad_parity_pool):
 def _engines(request) -> list[str] | None:
     marker = request.node.get_closest_marker("grad_parity_engines")
     option = request.config.getoption("--grad-parity-engines")
-    return list(marker.args) if marker else option.split(",") if option else None
+    return list(marker.args) if marker else [e.strip() for e in option.split(",")] if option else None
 
 
 def _check(get_pool, default_engines, build_model, x, y, loss="mse", **kwargs):
+    __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)  # the call's own engines before the marker's and the option's
-    return parity.assert_gradients_match(build_model, x, y, loss, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_gradients_match, build_model, x, y, loss, pool=get_pool(), **kwargs)
 
 
 def _forward(get_pool, default_engines, build_model, x, **kwargs):
+    __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)
-    return parity.assert_forward_match(build_model, x, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_forward_match, build_model, x, pool=get_pool(), **kwargs)
 
 
 def _training(get_pool, default_engines, build_model, x, y, **kwargs):
     __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)
-    return parity.assert_training_matches(build_model, x, y, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_training_matches, build_model, x, y, pool=get_pool(), **kwargs)
+
+
+def _alone(check, *args, **kwargs):
+    """`check(...)`, whose failure (the table, or the one line of a ParityError) reaches pytest with none of this
+    package's frames: the test shows the user's own call and the message, not our code around it."""
+    __tracebackhide__ = True
+    try:
+        return check(*args, **kwargs)
+    except (parity.ParityError, AssertionError) as err:
+        raise err.with_traceback(None) from None

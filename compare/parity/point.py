@@ -41,7 +41,9 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         engines: engines to compare (default: every installed one).
         seed: the NumPy seed of the weights (normal, scale 0.5) when `weights` is not given.
         weights: your own weights, one array per `model.trainable_weights` entry, in that order.
-        training: call the model with `training=True` (random layers then differ between engines).
+        training: call the model with `training=True`; by default `training=False`, so what a layer does only while
+            training (BatchNorm's batch statistics, a `training` branch) is not compared. Random layers differ
+            between engines with `training=True`: compare their training within one engine (`assert_training_matches`).
         pool: live workers to reuse (the pytest fixture keeps one per session); else a pool is started here.
     Returns:
         The float32 gradients per engine, in `model.trainable_weights` order.
@@ -49,6 +51,10 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         AssertionError: a table of every weight whose gradient differs beyond `atol + rtol·|reference|`.
         ParityError: the comparison could not run.
     """
+    if isinstance(y, (list, tuple)):
+        raise ParityError("y is a list: the gradient is compared for one target array and one loss; for a model "
+                          "with several outputs, compare its training (assert_training_matches, whose spec takes a "
+                          "loss per output) or its outputs (assert_forward_match)")
     request = {"build": callable_spec(build_model), "loss": loss_spec(loss), "training": training}
     return _run(request, x, y, engines, seed, weights, pool, "grads", rtol, atol)
 

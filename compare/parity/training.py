@@ -147,6 +147,9 @@ def _check_paths(paths, engines: list[str]) -> tuple[str, ...]:
     if "native-engine" in paths and "tensorflow" in engines:
         raise ParityError("tensorflow has no optimizers but Keras's, so no native-engine path: drop native-engine "
                           "or tensorflow from the engines")
+    if len(paths) * len(engines) < 2:  # it passed, having compared nothing
+        raise ParityError(f"one path on one engine ({engines[0]}/{paths[0]}) has nothing to compare with: give "
+                          "another path (paths=('fit', 'native')) or another engine")
     return paths
 
 

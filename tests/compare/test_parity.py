@@ -81,10 +81,37 @@ def test_unimportable_builder_is_a_clear_error():
     (lambda g, f: g(parity_models.all_frozen, X3, Y), "all_frozen has no trainable weights, so there is no "
                                                        "gradient to compare"),
     (lambda g, f: g(parity_models.a_layer, X3, Y), "the model builder returned Dense, not a keras.Model"),
+    # a list of targets was NumPy's ValueError (of another width) or "x and y must have the same number of rows"
+    (lambda g, f: g(parity_models.har, X3, [Y, np.hstack([Y, Y])]), "y is a list: the gradient is compared for one "
+                                                                   "target array and one loss"),
+    (lambda g, f: g(parity_models.har, X3, [Y, Y]), "y is a list"),
 ])
 def test_bad_calls_are_one_clear_error(grad_parity, forward_parity, call, message):
     with pytest.raises(ParityError, match=message):
         call(grad_parity, forward_parity)
+
+
+def test_a_failure_shows_the_users_call_not_the_plugins_frames(tmp_path):
+    """A failing check's traceback is the test's own line and the message: the plugin's and the checks' frames (for a
+    failed comparison, the source of `_compare` and the reprs of x and the weights) are hidden, as training_parity's
+    were; the option's engines may have spaces (" jax" was an unknown engine). Every failure of a check, a table or
+    a ParityError, leaves the plugin the same way (`plugin._alone`): here a ParityError, the cheaper to raise."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    (tmp_path / "test_mine.py").write_text(
+        "import numpy as np\nfrom tests.compare import parity_models\n\n\n"
+        "def test_mine(grad_parity):\n"
+        "    x = np.ones((8, 3), np.float32)\n"
+        "    grad_parity(parity_models.har, x, [x, x])\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "--grad-parity-engines", "torch, jax", str(tmp_path / "test_mine.py")],
+                          capture_output=True, text=True, cwd=REPO)
+    out = proc.stdout
+    assert proc.returncode == 1 and "compare.parity.common.ParityError: y is a list" in out, out[-3000:]
+    assert "grad_parity(parity_models.har, x, [x, x])" in out and "compare/parity/" not in out, out[-3000:]
 
 
 def test_engines_may_be_one_string():

@@ -186,6 +186,9 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
      "spec: 'optimiser' is not a field of the training spec \\(did you mean 'optimizer'\\?\\); its fields: "),
     (lambda t, lp: t(parity_models.har, X, Y, spec={"optimizer": "lion"}), "spec: unknown optimizer 'lion'"),
     (lambda t, lp: t(parity_models.har, X, Y, paths=["fit", "native-engine"]), "tensorflow has no optimizers but"),
+    # it passed, having compared nothing
+    (lambda t, lp: t(parity_models.har, X, Y, engines="torch", paths="fit"), "one path on one engine \\(torch/fit\\) "
+                                                                             "has nothing to compare with"),
     (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine=["torch"]), "engine must name the"),
     (lambda t, lp: lp(parity_models.har, "no_such_module:step", X, Y, engine="torch"), "train_step .*cannot be"),
     (lambda t, lp: lp(parity_models.har, parity_loops.not_a_step, X, Y, engine="torch"),

@@ -61,3 +61,32 @@ def test_a_missing_engine_is_named_with_the_fix(monkeypatch):
     monkeypatch.setattr(backend, "engine_installed", lambda name: False)
     with pytest.raises(backend.BackendError, match=f"{ENGINE} is not installed; `make setup`"):
         backend.use_backend(ENGINE)
+
+
+def test_each_request_to_a_worker_starts_from_kerass_defaults(monkeypatch):
+    """A user's builder that sets floatx or a dtype policy (as `grad_parity`'s checks build one after another in the
+    session's shared workers) left it set for every later request: a later check then computed in float64, and
+    passed only because of the tests before it."""
+    import io
+    import json
+
+    import keras
+
+    from compare.engines import worker
+
+    def careless(request, send):
+        keras.config.set_floatx("float64")
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        return {}
+
+    monkeypatch.setitem(worker.HANDLERS, "careless", careless)
+    monkeypatch.setitem(worker.HANDLERS, "settings", lambda request, send: {
+        "floatx": keras.config.floatx(), "policy": keras.config.dtype_policy().name})
+    protocol = io.StringIO()
+    try:
+        worker.serve([json.dumps({"cmd": "careless"}), json.dumps({"cmd": "settings"})], protocol)
+    finally:
+        keras.config.set_floatx("float32")
+        keras.config.set_dtype_policy("float32")
+    answers = [json.loads(line) for line in protocol.getvalue().splitlines()]
+    assert answers[-1] == {"event": "done", "floatx": "float32", "policy": "float32"}, answers
