@@ -188,6 +188,7 @@ def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
     seen = {}  # the gradients the step computed, read before anything changes them
 
     def before_step():
+        seen["stepped"] = True
         seen["grads"] = None if any(v.grad is None for v in variables) else [
             v.grad.detach().cpu().numpy().copy() for v in variables]
         if clip:
@@ -201,16 +202,19 @@ def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
             return [torch.as_tensor(p, device=device) for p in a]
         return torch.as_tensor(a, device=device)
 
-    for xb, yb in steps:
+    for k, (xb, yb) in enumerate(steps, 1):
         for v in variables:
             v.grad = None  # what the step computes is its gradient, never a stale one
-        seen["grads"] = None
+        seen.update(grads=None, stepped=False)
         loss = step(model, optimizer, tensors(xb), tensors(yb))
         if scheduler:
             scheduler.step()
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(f"{spec} returned {type(loss).__name__}; a torch step returns the batch loss (a scalar "
                             "tensor)")
+        if not seen["stepped"]:  # it was told as a gradient not observable and an optimizer convention
+            raise TypeError(f"{spec} did not call optimizer.step() in step {k}: a torch step applies its gradient "
+                            "with the optimizer it is given, step(model, optimizer, x, y)")
         record(loss.detach(), seen["grads"])
 
 

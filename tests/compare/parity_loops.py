@@ -88,6 +88,16 @@ def tensorflow_step(model, optimizer):
     return step
 
 
+def torch_step_that_never_steps(model, optimizer, x, y):
+    """Planted fault: the gradient is taken but never applied (no `optimizer.step()`)."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y)
+    loss.backward()
+    return loss
+
+
 def not_a_step(model, optimizer, x, y):
     return "nothing"
 
