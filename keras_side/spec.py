@@ -183,9 +183,11 @@ def data_parallel_config(fields: str) -> TrainConfig:
 
 def _problems(c: TrainConfig):
     """Every reason the spec cannot be honoured, as user-facing lines (the first one is raised)."""
-    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (c.epochs, c.batch_size, c.seed))
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (c.epochs, c.batch_size))
     if not whole or c.epochs < 1 or c.batch_size < 1:
-        yield f"epochs and batch_size must be whole numbers >= 1 (and seed whole), got {c.epochs} and {c.batch_size}"
+        yield f"epochs and batch_size must be whole numbers >= 1, got {c.epochs!r} and {c.batch_size!r}"
+    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or c.seed < 0:  # its message named only the others
+        yield f"seed must be a whole number >= 0, got {c.seed!r}"
     if c.batch_order not in ("engine", "numpy"):
         yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
     if c.flavour not in ("exact", "engine"):

@@ -79,6 +79,8 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
 def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     wanted = check_engines(engines or installed_engines())
     check_tolerances(rtol, atol)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:  # was NumPy's TypeError
+        raise ParityError(f"seed must be a whole number >= 0, got {seed!r}")
     xs, (y,), _ = examples(x, np.asarray(y))  # bad data is one ParityError before any worker starts
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
@@ -144,6 +146,8 @@ def _own_weights(weights, names: list[str], shapes: list[tuple[int, ...]]) -> li
         if w.shape != shape:
             raise ParityError(f"weights for {name} have shape {w.shape}, the model's is {shape}; give them in "
                               "model.trainable_weights order")
+        if not np.isfinite(w).all():  # every engine would carry it alike: a table of NaN, no parity judged
+            raise ParityError(f"weights for {name} hold NaN or inf; give finite weights")
     return weights
 
 

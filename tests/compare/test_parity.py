@@ -85,6 +85,9 @@ def test_unimportable_builder_is_a_clear_error():
     (lambda g, f: g(parity_models.har, X3, [Y, np.hstack([Y, Y])]), "y is a list: the gradient is compared for one "
                                                                    "target array and one loss"),
     (lambda g, f: g(parity_models.har, X3, [Y, Y]), "y is a list"),
+    (lambda g, f: g(parity_models.har, X3, Y, seed=1.5), "seed must be a whole number >= 0, got 1.5"),  # NumPy's
+    (lambda g, f: g(parity_models.har, X3, Y, weights=[np.full((3, 1), np.nan), np.zeros(1)]),  # a table of nan
+     "weights for har/har/kernel hold NaN or inf; give finite weights"),
 ])
 def test_bad_calls_are_one_clear_error(grad_parity, forward_parity, call, message):
     with pytest.raises(ParityError, match=message):
