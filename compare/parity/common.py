@@ -8,6 +8,8 @@ import math
 import numbers
 import re
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
@@ -15,7 +17,12 @@ from compare.errors import NativeLoopsError
 from keras_side.config import ENGINES, first_nonfinite_row
 from keras_side.precision import TRUE_FLOAT64
 
+if TYPE_CHECKING:
+    from compare.engines.runner import Pool
+
 OWN = "own"  # the path name of a user's own training step (`assert_loop_matches_fit`)
+# What the checks' `pool` takes: live workers, or a function that returns them, called once the arguments are checked
+Workers = Union["Pool", Callable[[], "Pool"], None]
 SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 

@@ -79,7 +79,7 @@ def loop_parity(grad_parity_pool):
     `compare.parity.assert_loop_matches_fit`."""
     def check(*args, **kwargs):
         __tracebackhide__ = True
-        return _alone(parity.assert_loop_matches_fit, *args, pool=grad_parity_pool(), **kwargs)
+        return _alone(parity.assert_loop_matches_fit, *args, pool=grad_parity_pool, **kwargs)
 
     return check
 
@@ -93,24 +93,25 @@ def _engines(request) -> list[str] | None:
 def _check(get_pool, default_engines, build_model, x, y, loss="mse", **kwargs):
     __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)  # the call's own engines before the marker's and the option's
-    return _alone(parity.assert_gradients_match, build_model, x, y, loss, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_gradients_match, build_model, x, y, loss, pool=get_pool, **kwargs)
 
 
 def _forward(get_pool, default_engines, build_model, x, **kwargs):
     __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)
-    return _alone(parity.assert_forward_match, build_model, x, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_forward_match, build_model, x, pool=get_pool, **kwargs)
 
 
 def _training(get_pool, default_engines, build_model, x, y, **kwargs):
     __tracebackhide__ = True
     kwargs.setdefault("engines", default_engines)
-    return _alone(parity.assert_training_matches, build_model, x, y, pool=get_pool(), **kwargs)
+    return _alone(parity.assert_training_matches, build_model, x, y, pool=get_pool, **kwargs)
 
 
 def _alone(check, *args, **kwargs):
-    """`check(...)`, whose failure (the table, or the one line of a ParityError) reaches pytest with none of this
-    package's frames: the test shows the user's own call and the message, not our code around it."""
+    """`check(...)`, given the session's pool getter as `pool` (called once the arguments are checked: a call refused
+    for them starts no worker). Its failure (the table, or the one line of a ParityError) reaches pytest with none of
+    this package's frames: the test shows the user's own call and the message, not our code around it."""
     __tracebackhide__ = True
     try:
         return check(*args, **kwargs)

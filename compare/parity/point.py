@@ -19,7 +19,7 @@ import numpy as np
 from compare.referee import tolerances
 from compare.engines import runner
 from compare.parity.common import (ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
-                                   loss_spec, mismatches, reference_engine, require_live, table)
+                                   loss_spec, mismatches, reference_engine, require_live, table, Workers)
 from keras_side.backend import installed_engines
 from keras_side.config import ENGINES
 
@@ -30,7 +30,7 @@ def _save_inputs(path: Path, xs: list[np.ndarray], y: np.ndarray) -> None:
 
 def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol: float = tolerances.PARITY_RTOL,
                            atol: float = tolerances.PARITY_ATOL, seed: int = 0, weights=None, training: bool = False,
-                           pool: runner.Pool | None = None) -> dict[str, list[np.ndarray]]:
+                           pool: Workers = None) -> dict[str, list[np.ndarray]]:
     """Assert that every engine's gradient of the training objective (the loss plus the model's own losses:
     regularizers, `add_loss`) equals the float64 reference and each other. A NaN or infinite gradient fails.
 
@@ -44,7 +44,8 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
         training: call the model with `training=True`; by default `training=False`, so what a layer does only while
             training (BatchNorm's batch statistics, a `training` branch) is not compared. Random layers differ
             between engines with `training=True`: compare their training within one engine (`assert_training_matches`).
-        pool: live workers to reuse (the pytest fixture keeps one per session); else a pool is started here.
+        pool: live workers to reuse, or a function that returns them, called once the arguments are checked (the
+            pytest fixture passes its session's); else a pool is started here.
     Returns:
         The float32 gradients per engine, in `model.trainable_weights` order.
     Raises:
@@ -61,7 +62,7 @@ def assert_gradients_match(build_model, x, y, loss="mse", *, engines=None, rtol:
 
 def assert_forward_match(build_model, x, *, engines=None, rtol: float = tolerances.PARITY_RTOL,
                          atol: float = tolerances.PARITY_ATOL, seed: int = 0, weights=None, training: bool = False,
-                         pool: runner.Pool | None = None) -> dict[str, dict[str, np.ndarray]]:
+                         pool: Workers = None) -> dict[str, dict[str, np.ndarray]]:
     """Assert that every layer's output on every engine equals the float64 reference and each other, from the same
     weights: for "this engine predicts differently" questions. A failure names the first layer where the engines
     part (a Sequential or Functional model; a subclassed one is compared on its output only).
@@ -85,8 +86,8 @@ def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
-        pool = pool or runner.Pool(sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp,
-                                   compile_cache=True)
+        engines = sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index)
+        pool = pool() if callable(pool) else pool or runner.Pool(engines, tmp, compile_cache=True)
         try:
             return _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
         finally:

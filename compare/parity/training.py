@@ -25,7 +25,7 @@ import numpy as np
 from compare.referee import tolerances
 from compare.engines import runner
 from compare.parity.common import (OWN, ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
-                                   require_live, table, worst)
+                                   require_live, table, worst, Workers)
 from keras_side.backend import installed_engines
 from keras_side.config import batch_slices, numpy_orders
 from keras_side.spec import SpecError, TrainConfig
@@ -79,7 +79,7 @@ class Run:
 def assert_training_matches(build_model, x, y, *, spec=None, steps: int | None = None, epochs: int | None = None,
                             batch_size: int | None = None, seed: int | None = None, engines=None,
                             paths=DEFAULT_PATHS, rtol: float = tolerances.TRAINING_RTOL,
-                            atol: float = tolerances.TRAINING_ATOL, pool: runner.Pool | None = None):
+                            atol: float = tolerances.TRAINING_ATOL, pool: Workers = None):
     """Assert that every path on every engine trains the model step for step alike: each path against its engine's
     first path (`fit`, by default), and each engine's first path against the first engine's.
 
@@ -92,7 +92,8 @@ def assert_training_matches(build_model, x, y, *, spec=None, steps: int | None =
         engines: engines to compare (default: every installed one).
         paths: among "fit", "train-step" (fit with our own train_step), "native" (the engine's loop with the
             Keras-exact optimizer) and "native-engine" (the loop with the engine's stock optimizer, torch and JAX).
-        pool: live workers to reuse (the pytest fixtures keep one per session); else a pool is started here.
+        pool: live workers to reuse, or a function that returns them, called once the arguments are checked (the
+            pytest fixtures pass their session's); else a pool is started here.
     Returns:
         Every path's trajectory: {"engine/path": {weight path: array (steps + 1, *shape)}}, step 0 the start.
     Raises:
@@ -109,7 +110,7 @@ def assert_training_matches(build_model, x, y, *, spec=None, steps: int | None =
 def assert_loop_matches_fit(build_model, train_step, x, y, *, engine: str, spec=None, optimizer=None,
                             steps: int | None = None, epochs: int | None = None, batch_size: int | None = None,
                             seed: int | None = None, rtol: float = tolerances.TRAINING_RTOL,
-                            atol: float = tolerances.TRAINING_ATOL, pool: runner.Pool | None = None):
+                            atol: float = tolerances.TRAINING_ATOL, pool: Workers = None):
     """Assert that your own training step, on `engine`, trains the model step for step as `fit` does.
 
     `train_step` is importable ("module:function", or a function at module top level), on the engine's terms:
@@ -186,7 +187,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
     with tempfile.TemporaryDirectory(prefix="training-parity-") as tmp:
         tmp = Path(tmp)
         started = pool is None
-        pool = pool or runner.Pool(list(runs), tmp, compile_cache=True)
+        pool = pool() if callable(pool) else pool or runner.Pool(list(runs), tmp, compile_cache=True)
         try:
             require_live(pool, runs)
             np.savez(tmp / "inputs.npz", n_inputs=len(xs), n_targets=len(ys), **{f"x{i}": a for i, a in enumerate(xs)},

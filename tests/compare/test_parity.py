@@ -98,7 +98,8 @@ def test_a_failure_shows_the_users_call_not_the_plugins_frames(tmp_path):
     """A failing check's traceback is the test's own line and the message: the plugin's and the checks' frames (for a
     failed comparison, the source of `_compare` and the reprs of x and the weights) are hidden, as training_parity's
     were; the option's engines may have spaces (" jax" was an unknown engine). Every failure of a check, a table or
-    a ParityError, leaves the plugin the same way (`plugin._alone`): here a ParityError, the cheaper to raise."""
+    a ParityError, leaves the plugin the same way (`plugin._alone`): here a ParityError, which starts no worker (the
+    session's workers start once a call's arguments are checked)."""
     import subprocess
     import sys
 
@@ -110,11 +111,13 @@ def test_a_failure_shows_the_users_call_not_the_plugins_frames(tmp_path):
         "    x = np.ones((8, 3), np.float32)\n"
         "    grad_parity(parity_models.har, x, [x, x])\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           "--grad-parity-engines", "torch, jax", str(tmp_path / "test_mine.py")],
+                           "--basetemp", str(tmp_path / "temp"), "--grad-parity-engines", "torch, jax",
+                           str(tmp_path / "test_mine.py")],
                           capture_output=True, text=True, cwd=REPO)
     out = proc.stdout
     assert proc.returncode == 1 and "compare.parity.common.ParityError: y is a list" in out, out[-3000:]
     assert "grad_parity(parity_models.har, x, [x, x])" in out and "compare/parity/" not in out, out[-3000:]
+    assert not list((tmp_path / "temp").glob("grad-parity*"))  # the workers' folder: none started
 
 
 def test_engines_may_be_one_string():
