@@ -256,7 +256,10 @@ def _own_tensorflow(make_step, spec, own, model, steps, cfg, record) -> None:
     for xb, yb in steps:
         out = step(tf.nest.map_structure(tf.constant, keras_inputs(xb)), tf.nest.map_structure(tf.constant,
                                                                                                keras_inputs(yb)))
-        loss, grads = out if isinstance(out, tuple) else (out, None)
+        if isinstance(out, (tuple, list)) and len(out) != 2:  # was "too many values to unpack (expected 2)"
+            raise TypeError(f"{spec}'s step returned {len(out)} values; a TensorFlow step returns the loss, or "
+                            "(loss, grads)")
+        loss, grads = out if isinstance(out, (tuple, list)) else (out, None)
         record(loss, None if grads is None else [tf.convert_to_tensor(g).numpy() for g in grads])
 
 

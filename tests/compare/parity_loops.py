@@ -98,6 +98,12 @@ def torch_step_that_never_steps(model, optimizer, x, y):
     return loss
 
 
+def tensorflow_step_of_three(model, optimizer):
+    """Planted fault: a TensorFlow step that returns three values."""
+    step = tensorflow_step(model, optimizer)
+    return lambda x, y: (*step(x, y), 0.0)
+
+
 def not_a_step(model, optimizer, x, y):
     return "nothing"
 

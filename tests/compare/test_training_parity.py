@@ -195,6 +195,8 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
     # was "gradient not observable (your step left no .grad when it called optimizer.step())", and a convention
     (lambda t, lp: lp(parity_models.har, parity_loops.torch_step_that_never_steps, X, Y, engine="torch", **FAST),
      "could not run .*torch_step_that_never_steps did not call optimizer.step\\(\\) in step 1: a torch step applies"),
+    (lambda t, lp: lp(parity_models.har, parity_loops.tensorflow_step_of_three, X, Y, engine="tensorflow", **FAST),
+     "tensorflow_step_of_three's step returned 3 values; a TensorFlow step returns the loss, or \\(loss, grads\\)"),
     (lambda t, lp: lp(parity_models.har, parity_loops.not_a_step, X, Y, engine="torch"),
      "could not run .*returned str; a torch step returns the batch loss"),
     (lambda t, lp: lp(parity_models.har, parity_loops.torch_step, X, Y, engine="jax"),
