@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from compare.errors import NativeLoopsError
-from keras_side.config import ENGINES, first_nonfinite_row
+from keras_side.config import ENGINES, first_nonfinite_row, verb_arrays
 from keras_side.precision import TRUE_FLOAT64
 
 if TYPE_CHECKING:
@@ -151,6 +151,10 @@ def examples(x, y) -> tuple[list[np.ndarray], list[np.ndarray], int]:
 
 
 def _arrays(a, what: str) -> list[np.ndarray]:
+    try:  # a list of numbers, or of lists (x.tolist()): one array, or one input per item? (the verbs' rule)
+        verb_arrays(a, what)
+    except ValueError as err:
+        raise ParityError(str(err)) from None
     arrays = [np.asarray(p) for p in (a if isinstance(a, (list, tuple)) else [a])]
     if not arrays or any(p.ndim == 0 or p.dtype == object for p in arrays):
         raise ParityError(f"{what} must be an array with one row per example, or a list of such arrays")

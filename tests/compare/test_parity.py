@@ -85,6 +85,9 @@ def test_unimportable_builder_is_a_clear_error():
     (lambda g, f: g(parity_models.har, X3, [Y, np.hstack([Y, Y])]), "y is a list: the gradient is compared for one "
                                                                    "target array and one loss"),
     (lambda g, f: g(parity_models.har, X3, [Y, Y]), "y is a list"),
+    # x.tolist() reached the worker as 64 inputs ("received 64 input tensors")
+    (lambda g, f: f(parity_models.har, X3.tolist()),
+     "x is a Python list of lists, not of arrays; pass np.asarray\\(x\\)"),
     (lambda g, f: g(parity_models.har, X3, Y, seed=1.5), "seed must be a whole number >= 0, got 1.5"),  # NumPy's
     (lambda g, f: g(parity_models.har, X3, Y, weights=[np.full((3, 1), np.nan), np.zeros(1)]),  # a table of nan
      "weights for har/har/kernel hold NaN or inf; give finite weights"),
