@@ -160,10 +160,13 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
     (training flag, autocast, masks on the tensors, activity regularizers) or, when that has nothing to do, its
     `call` (`_bare`), bit-identical (tested on the zoo). A layer that holds layers but takes no `training` would lose
     the flag its inner layers read from the model's call, so such a model is called whole, as is a Sequential
-    subclass with a `call` of its own."""
+    subclass with a `call` of its own, and a model whose own `__call__` has work to do (a torch hook on it, an
+    activity regularizer of its own)."""
     if (not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call
             or type(model).__call__ is not keras.Sequential.__call__ or not model._functional):
         return None  # with no graph (no Input) `model(x)` already calls the layers in order
+    if _hooked(model) or model.activity_regularizer is not None:  # its hooks were skipped without a word
+        return None
     layers = [(layer, layer._call_has_training_arg) for layer in model.layers]
     if any(not takes and layer._layers for layer, takes in layers):
         return None

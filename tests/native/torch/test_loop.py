@@ -490,6 +490,22 @@ def test_a_torch_hook_or_another_dtype_sends_a_layer_through_keras_call(monkeypa
     assert not torch_loop._bare(mixed.layers[0], x) and torch_loop._forward(mixed, x, True).dtype == torch.bfloat16
 
 
+def test_a_hook_on_a_sequential_model_itself_fires_in_every_verb(har):
+    """A hook on the model (not a layer) was skipped by the layers-in-order call: `predict`, `grad_at` and `train`
+    computed the model without it, silently. Now the model is called whole, and the hook fires in each."""
+    seed_everything(0)
+    model = models.har()
+    x = har.x_train[:64]
+    plain = torch_loop.predict(model, x)
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(1) or out + 100.0)
+    assert torch_loop.in_order(model) is None
+    np.testing.assert_allclose(torch_loop.predict(model, x), plain + 100.0, rtol=1e-6)
+    assert seen and torch_loop.grad_at(model, x, har.y_train[:64]) and len(seen) >= 2
+    result = torch_loop.train(model, har, TrainConfig(epochs=1, validate=False))
+    assert result.train_loss[0] > 1000  # outputs 100 off every target: the hook is in the loss
+
+
 def test_masks_ride_on_the_tensors_between_layers_in_order():
     """A mask made by one layer (Embedding's zeros) reaches the next (the LSTM skips the padded days) as it does
     through Keras's graph: masks travel on the tensors, as in Keras's own layer-by-layer Sequential."""
