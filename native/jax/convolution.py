@@ -84,7 +84,10 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
 
 def stateless_call(model, *args, **kwargs):
     """Keras's `model.stateless_call`, its 1-D convolutions as matmuls (`as_matmuls`): how every JAX trainer of
-    this package calls the model, so that training, gradients and predictions compute a convolution alike."""
+    this package calls the model, so that training, gradients and predictions compute a convolution alike. A model
+    whose `call` takes no `training` is called without it, as Keras's JAX trainer calls it (it was a TypeError)."""
+    if not model._call_has_training_arg:
+        kwargs.pop("training", None)
     with as_matmuls():
         return model.stateless_call(*args, **kwargs)
 

@@ -13,9 +13,10 @@ def panel_loss_and_grad(model):
     The model runs in inference mode with its non-trainable values (BatchNorm's moving statistics) as they are when
     this is called: baked into the program, which a later change to them does not reach (make it again)."""
     non_trainable = [v.value for v in model.non_trainable_variables]
+    flag = {"training": False} if model._call_has_training_arg else {}  # a `call` without it: as Keras's trainer
 
     def asset_mse(trainable, x, y):
-        pred, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+        pred, _ = model.stateless_call(trainable, non_trainable, x, **flag)
         return jnp.mean((pred - y) ** 2)
 
     def panel_loss(trainable, xs, ys):

@@ -250,6 +250,37 @@ def test_a_mixed_bfloat16_model_trains_as_fit_trains_it(har):
     np.testing.assert_allclose(got, want, atol=ZOO_ATOL, rtol=0)
 
 
+def test_a_model_whose_call_takes_no_training_flag_trains_as_fit_trains_it(har):
+    """`call(self, x)` with no `training`: Keras's trainers call it without the flag; JAX's loop passed it to
+    `stateless_call` (TypeError in train, grad_at and predict)."""
+    import keras
+
+    from keras_side import fit
+
+    class NoFlag(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.out = keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    cfg = TrainConfig(epochs=2, batch_order="numpy", validate=False)
+
+    def trained(train):
+        keras.backend.clear_session()
+        seed_everything(0)
+        model = models.ensure_built(NoFlag(), har.x_train)
+        train(model, har, cfg)
+        return model
+
+    want, model = trained(fit.train), trained(loop.train)
+    np.testing.assert_allclose(flat(model.get_weights()), flat(want.get_weights()), atol=ZOO_ATOL, rtol=0)
+    np.testing.assert_allclose(loop.predict(model, har.x_test[:8]), want.predict(har.x_test[:8], verbose=0),
+                               atol=ZOO_ATOL, rtol=0)
+    assert all(np.any(g != 0) for g in loop.grad_at(model, har.x_train[:64], har.y_train[:64]))
+
+
 def test_a_two_output_model_trains_as_fit_trains_it(panel):
     """Two outputs, a loss each and `loss_weights`: the loop minimizes what `compile` makes of them and reports,
     per epoch, the training and validation loss `fit` reports, from the same start and batches; a spec with one

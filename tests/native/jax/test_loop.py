@@ -130,6 +130,25 @@ def test_vmap_over_assets_equals_a_loop(panel):
         np.testing.assert_allclose(g, np.mean([gs[i] for _, gs in looped], axis=0), rtol=1e-5, atol=1e-7)
 
 
+def test_the_panel_program_calls_a_model_without_a_training_flag_as_keras_does():
+    """A subclassed model whose `call` takes no `training` (a TypeError from `stateless_call` before)."""
+    import keras
+
+    class NoFlag(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = models.ensure_built(NoFlag(), np.zeros((1, 3), np.float32))
+    xs, ys = jnp.ones((2, 4, 3)), jnp.zeros((2, 4, 1))
+    loss, grads = jax_host.panel_loss_and_grad(model)([v.value for v in model.trainable_variables], xs, ys)
+    want = np.mean((np.asarray(model(np.ones((4, 3), np.float32)))) ** 2)
+    assert float(loss) == pytest.approx(want, rel=1e-6) and len(grads) == 2
+
+
 def test_the_fused_scan_refuses_early_stopping(har):
     import pytest
 
