@@ -17,7 +17,8 @@ import torch
 def stable_keys(model):
     """Install `state_dict` and `load_state_dict` hooks on a Keras model (a torch module on this backend) so that it
     saves and loads every variable once, under "<index>.<name>" (a random layer's seed state included, which the
-    model's own `state_dict` leaves out). A state dict with the model's own keys still loads. Returns the model."""
+    model's own `state_dict` leaves out). A state dict with the model's own keys still loads; `assign=True` is
+    refused (the layers would go on computing with the tensors it replaced). Returns the model."""
     if not model.built:
         raise ValueError(f"stable_keys needs a built model (its variables exist once it is built); build "
                          f"{model.name!r} first, e.g. with keras.Input or model.build(input_shape)")
@@ -34,6 +35,13 @@ def stable_keys(model):
             state_dict[prefix + key] = variable.value.detach()
 
     def load(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        if local_metadata.get("assign_to_params_buffers"):  # it matched every key, and the model kept its weights
+            for key in [k for k in state_dict if k.startswith(prefix)]:
+                del state_dict[key]  # nothing of the Keras model is assigned: it stays as it was
+            error_msgs.append(f"{prefix.rstrip('.') or 'the Keras model'}: load_state_dict(..., assign=True) would put "
+                              "new tensors in torch's parameters, which the Keras layers do not compute with: load "
+                              "without assign")
+            return
         if not any(prefix + key in state_dict for key in keys):
             return  # the model's own keys: torch loads them as they are
         values = {i: state_dict.pop(prefix + key) for i, key in enumerate(keys) if prefix + key in state_dict}

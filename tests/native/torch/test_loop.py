@@ -212,6 +212,20 @@ def test_a_hosts_checkpoint_loads_in_another_process_and_in_this_one(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), saved.values()))
 
 
+def test_a_load_with_assign_is_refused_where_the_keras_layers_would_not_see_it():
+    """`load_state_dict(sd, assign=True)` said "All keys matched" and swapped torch's parameters, but the Keras
+    layers went on computing with (and training) their old tensors."""
+    seed_everything(0)
+    source, target = torch_host.HostModel(models.har()), torch_host.HostModel(models.har())
+    x = torch.ones((4, 3))
+    before = target.eval()(x)
+    with pytest.raises(RuntimeError, match="har: load_state_dict\\(..., assign=True\\) would put new tensors in "
+                                           "torch's parameters, which the Keras layers do not compute with"):
+        target.load_state_dict(source.state_dict(), assign=True)
+    target.load_state_dict(source.state_dict())
+    assert torch.equal(target.eval()(x), source.eval()(x)) and not torch.equal(before, target(x))
+
+
 @pytest.mark.parametrize("build, rates, shape", [(noisy_bn_dropout, [0.3, 0.5], (3,)),
                                                  (first_dropout, [0.4], (3,)),
                                                  (sequence_dropout, [0.25], (5, 2)),
