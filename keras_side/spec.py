@@ -371,6 +371,14 @@ def as_fit_shapes(y, pred):
     return squeeze_or_expand_to_same_rank(y, pred)
 
 
+def summed_over_outputs(loss, y, pred, mean):
+    """A verb's batch loss as `compile` takes one loss for a model of several outputs: each output's `mean(loss)`,
+    summed (the verbs' default MSE failed on a list of predictions); one output's when there is one."""
+    if isinstance(pred, (list, tuple)):
+        return sum(mean(loss(t, p)) for t, p in zip(y, pred, strict=True))
+    return mean(loss(y, pred))
+
+
 def training_loss(cfg: TrainConfig):
     """The loss every path but `fit` calls: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with
     Keras's target shaping. One output: the spec's `keras.losses.Loss` itself, so the loss can never differ from

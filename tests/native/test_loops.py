@@ -281,6 +281,24 @@ def test_a_model_whose_call_takes_no_training_flag_trains_as_fit_trains_it(har):
     assert all(np.any(g != 0) for g in loop.grad_at(model, har.x_train[:64], har.y_train[:64]))
 
 
+def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
+    """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
+    'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
+    Two heads on one input: each head's gradient is its own output's MSE gradient (the formula)."""
+    import keras
+
+    seed_everything(0)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)])
+    x, y1, y2 = har.x_train[:64], har.y_train[:64], har.y_train[64:128]
+    grads = loop.grad_at(model, x, [y1, y2])
+    weights = {w.path: w.numpy() for w in model.trainable_weights}
+    for head, y, found in (("a", y1, grads[:2]), ("b", y2, grads[2:])):
+        want = reference.mse_gradient(x, y, weights[f"{head}/kernel"], weights[f"{head}/bias"])
+        for g, w in zip(found, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=GRAD_RTOL_F32, atol=1e-6)
+
+
 def test_a_two_output_model_trains_as_fit_trains_it(panel):
     """Two outputs, a loss each and `loss_weights`: the loop minimizes what `compile` makes of them and reports,
     per epoch, the training and validation loss `fit` reports, from the same start and batches; a spec with one
