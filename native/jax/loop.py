@@ -301,7 +301,8 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """`jax.grad` of the training objective at the model's current weights, in `model.trainable_weights` order: the
-    batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
+    outputs) unless `loss(y_true, y_pred)` says otherwise; yours gets the targets and predictions as they are."""
     x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]
@@ -312,7 +313,8 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
         pred, _, losses = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x),
                                                      training=training, return_losses=True)
         target, pred = as_fit_shapes(y, pred)
-        value = summed_over_outputs((lambda t, p: (p - t) ** 2) if loss is None else loss, target, pred, jnp.mean)
+        value = (summed_over_outputs(lambda t, p: (p - t) ** 2, target, pred, jnp.mean) if loss is None
+                 else jnp.mean(loss(target, pred)))
         return value + sum(losses) if losses else value
 
     return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]

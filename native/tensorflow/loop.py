@@ -138,14 +138,16 @@ def take_tf(x, idx):
     return tuple(tf.gather(a, idx) for a in x) if isinstance(x, tuple) else tf.gather(x, idx)
 
 
-def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
+def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """Tape gradient of the training objective at the current weights, in `model.trainable_weights` order: the
-    batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
+    outputs) unless `loss(y_true, y_pred)` says otherwise; yours gets the targets and predictions as they are."""
     x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     with tf.GradientTape() as tape:
         target, pred = as_fit_shapes(keras_inputs(y), _forward(model, x, training=training))
-        value = summed_over_outputs(loss, target, pred, tf.reduce_mean)
+        value = (summed_over_outputs(mse, target, pred, tf.reduce_mean) if loss is None
+                 else tf.reduce_mean(loss(target, pred)))
         value = value + tf.add_n(model.losses) if model.losses else value
     # An embedding's gradient is sparse (IndexedSlices): densify it for a plain array.
     return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, model.trainable_variables)]

@@ -735,15 +735,16 @@ def _evaluate(model, loss_fn, x, y, regularized: bool, metrics: EpochMetrics) ->
     return loss.item()
 
 
-def grad_at(model, x, y, *, loss=mse, training: bool = False) -> list[np.ndarray]:
+def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """Autograd gradient of the training objective at the current weights, in `model.trainable_weights` order: the
-    batch loss (MSE unless `loss(y_true, y_pred)` says otherwise) plus the model's own losses (regularizers)."""
+    batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
+    outputs) unless `loss(y_true, y_pred)` says otherwise; yours gets the targets and predictions as they are."""
     x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
     y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
-    value = summed_over_outputs(loss, y, pred, torch.mean)  # per-sample losses too
+    value = summed_over_outputs(mse, y, pred, torch.mean) if loss is None else torch.mean(loss(y, pred))
     value = value + sum(model.losses) if model.losses else value
     grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]
