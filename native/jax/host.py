@@ -7,6 +7,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from keras_side.spec import as_fit_shapes
+
 
 def panel_loss_and_grad(model):
     """A jitted program: `jax.vmap` of the Keras model over assets, the mean of per-asset MSEs, and its gradient.
@@ -17,6 +19,7 @@ def panel_loss_and_grad(model):
 
     def asset_mse(trainable, x, y):
         pred, _ = model.stateless_call(trainable, non_trainable, x, **flag)
+        y, pred = as_fit_shapes(y, pred)  # a (rows,) target is a (rows, 1) one, as fit takes it: not (rows, rows)
         return jnp.mean((pred - y) ** 2)
 
     def panel_loss(trainable, xs, ys):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from keras_side.spec import as_fit_shapes
+
 
 def stable_keys(model):
     """Install `state_dict` and `load_state_dict` hooks on a Keras model (a torch module on this backend) so that it
@@ -83,7 +85,8 @@ def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int,
     optimizer = torch.optim.Adam(host.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
-        loss = torch.mean((host(x) - y) ** 2)
+        target, pred = as_fit_shapes(y, host(x))  # a (n,) target is a (n, 1) one, as fit takes it: not (n, n)
+        loss = torch.mean((pred - target) ** 2)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

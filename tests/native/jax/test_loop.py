@@ -147,6 +147,11 @@ def test_the_panel_program_calls_a_model_without_a_training_flag_as_keras_does()
     loss, grads = jax_host.panel_loss_and_grad(model)([v.value for v in model.trainable_variables], xs, ys)
     want = np.mean((np.asarray(model(np.ones((4, 3), np.float32)))) ** 2)
     assert float(loss) == pytest.approx(want, rel=1e-6) and len(grads) == 2
+    xs = jnp.arange(24.0).reshape(2, 4, 3) / 10  # rows that differ, so a broadcast (n, n) would differ too
+    program, trainable = jax_host.panel_loss_and_grad(model), [v.value for v in model.trainable_variables]
+    flat_targets, _ = program(trainable, xs, jnp.arange(8.0).reshape(2, 4))  # (n,) targets: as fit takes them
+    column_targets, _ = program(trainable, xs, jnp.arange(8.0).reshape(2, 4, 1))  # (it broadcast to (n, n))
+    assert float(flat_targets) == float(column_targets)
 
 
 def test_the_fused_scan_refuses_early_stopping(har):

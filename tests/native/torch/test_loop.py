@@ -75,6 +75,10 @@ def test_keras_part_of_a_torch_host_trains_and_moves_to_jax(har, tmp_path):
     losses = torch_host.train_host(host, x, y, steps=200, lr=0.02)
     assert losses[-1] < 0.5 * losses[0]
     assert not np.array_equal(host.har.get_weights()[0], before)
+    again = torch_host.HostModel(models.har())  # (n,) targets are (n, 1) ones, as fit takes them (not (n, n))
+    again.load_state_dict(host.state_dict())
+    assert torch_host.train_host(again, x[:8], y[:8, 0], steps=1, lr=0.0) == torch_host.train_host(
+        again, x[:8], y[:8], steps=1, lr=0.0)
 
     weights, x_path, out = tmp_path / "har.weights.h5", tmp_path / "x.npy", tmp_path / "pred.npy"
     host.har.save_weights(str(weights))
