@@ -11,6 +11,7 @@ silent approximation. The dataclass imports no engine; the `keras_*` builders im
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -369,6 +370,19 @@ def as_fit_shapes(y, pred):
     if y.shape[0] != pred.shape[0]:
         raise ValueError(f"y has {y.shape[0]} rows and x {pred.shape[0]}; give one target per example")
     return squeeze_or_expand_to_same_rank(y, pred)
+
+
+@contextlib.contextmanager
+def state_kept(model):
+    """The model's non-trainable variables (BatchNorm's moving statistics, a random layer's seed state) as they were
+    before the block: a verb's call with `training=True` moves them on torch and TensorFlow, where JAX's
+    `stateless_call` returns the new values apart."""
+    kept = [v.numpy().copy() for v in model.non_trainable_variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(model.non_trainable_variables, kept):
+            variable.assign(value)
 
 
 def summed_over_outputs(loss, y, pred, mean):

@@ -44,7 +44,7 @@ from keras_side.config import (HarData, Result, as_tuple, batch_slices, keras_in
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_loss,
-                              summed_over_outputs, training_loss)
+                              state_kept, summed_over_outputs, training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -743,10 +743,11 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
-    y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
-    value = summed_over_outputs(mse, y, pred, torch.mean) if loss is None else torch.mean(loss(y, pred))
-    value = value + sum(model.losses) if model.losses else value
-    grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
+    with state_kept(model):  # the gradient at the current state: training=True would move BatchNorm's statistics
+        y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
+        value = summed_over_outputs(mse, y, pred, torch.mean) if loss is None else torch.mean(loss(y, pred))
+        value = value + sum(model.losses) if model.losses else value
+        grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]
 
 

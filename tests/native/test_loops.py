@@ -281,6 +281,22 @@ def test_a_model_whose_call_takes_no_training_flag_trains_as_fit_trains_it(har):
     assert all(np.any(g != 0) for g in loop.grad_at(model, har.x_train[:64], har.y_train[:64]))
 
 
+def test_grad_at_in_training_mode_leaves_the_models_state_as_it_was(har):
+    """`training=True` moved BatchNorm's moving statistics and the Dropout's seed state on torch and TensorFlow (not
+    on JAX, whose stateless_call returns them apart): two calls gave two gradients, and a later predict another
+    model. Now every engine computes at the current state and leaves it there."""
+    import keras
+
+    seed_everything(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dropout(0.3, seed=3), keras.layers.Dense(1)])
+    state = [v.numpy().copy() for v in model.non_trainable_variables]
+    x, y = har.x_train[:64], har.y_train[:64]
+    first, again = (loop.grad_at(model, x, y, training=True) for _ in range(2))
+    assert all(np.array_equal(a, b) for a, b in zip(state, [v.numpy() for v in model.non_trainable_variables]))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again)) and any(np.any(g != 0) for g in first)
+
+
 def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
     """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
     'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
