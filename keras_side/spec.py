@@ -385,12 +385,15 @@ def state_kept(model):
             variable.assign(value)
 
 
-def summed_over_outputs(loss, y, pred, mean):
-    """A verb's batch loss as `compile` takes one loss for a model of several outputs: each output's `mean(loss)`,
-    summed (the verbs' default MSE failed on a list of predictions); one output's when there is one."""
+def verb_loss(loss, mse, y, pred, mean):
+    """`grad_at`'s batch loss: `mean(loss(y, pred))` for a loss of the caller's, which gets the targets and
+    predictions as they are; else the engine's `mse` as `compile` takes one loss for several outputs, each output's
+    mean, summed (the default failed on a list of predictions)."""
+    if loss is not None:
+        return mean(loss(y, pred))
     if isinstance(pred, (list, tuple)):
-        return sum(mean(loss(t, p)) for t, p in zip(y, pred, strict=True))
-    return mean(loss(y, pred))
+        return sum(mean(mse(t, p)) for t, p in zip(y, pred, strict=True))
+    return mean(mse(y, pred))
 
 
 def training_loss(cfg: TrainConfig):

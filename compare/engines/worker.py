@@ -34,7 +34,6 @@ from keras_side.initial import InitialWeights
 from keras_side.backend import keras_defaults
 from keras_side.precision import float64
 
-keras_defaults()  # whatever a user's keras.json says, the referee computes with Keras's defaults
 ENGINE = keras.config.backend()
 WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median
 
@@ -366,7 +365,7 @@ def serve(requests, protocol) -> None:
         request = json.loads(line)
         if request["cmd"] == "exit":
             return
-        try:  # from Keras's defaults, whatever an earlier request's builder set (floatx, a dtype policy)
+        try:  # from Keras's defaults, whatever a user's keras.json or an earlier request's builder set
             keras_defaults()
             send(event="done", **HANDLERS[request["cmd"]](request, send))
         except Exception as err:  # reported to the runner, which marks this engine's step as failed

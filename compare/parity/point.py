@@ -86,8 +86,8 @@ def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         tmp = Path(tmp)
         own = pool is None
-        engines = sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index)
-        pool = pool() if callable(pool) else pool or runner.Pool(engines, tmp, compile_cache=True)
+        pool = pool() if callable(pool) else pool or runner.Pool(
+            sorted(set(wanted) | {reference_engine(ENGINES)}, key=ENGINES.index), tmp, compile_cache=True)
         try:
             return _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
         finally:

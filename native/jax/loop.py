@@ -29,7 +29,7 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, verb_arrays
 from keras_side.models import ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_metrics,
-                              summed_over_outputs, training_loss)
+                              verb_loss, training_loss)
 from native.checkpoint import Checkpoints
 from native.jax import checkpoint as jax_checkpoint
 from native.jax import convolution
@@ -313,8 +313,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
         pred, _, losses = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x),
                                                      training=training, return_losses=True)
         target, pred = as_fit_shapes(y, pred)
-        value = (summed_over_outputs(lambda t, p: (p - t) ** 2, target, pred, jnp.mean) if loss is None
-                 else jnp.mean(loss(target, pred)))
+        value = verb_loss(loss, lambda t, p: (p - t) ** 2, target, pred, jnp.mean)
         return value + sum(losses) if losses else value
 
     return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]

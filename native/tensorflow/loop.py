@@ -20,7 +20,7 @@ from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import (TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_optimizer,
-                              state_kept, summed_over_outputs, training_loss)
+                              state_kept, verb_loss, training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.tensorflow import checkpoint as tf_checkpoint
 
@@ -146,8 +146,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     ensure_built(model, x)
     with state_kept(model), tf.GradientTape() as tape:  # at the current state: training=True would move it
         target, pred = as_fit_shapes(keras_inputs(y), _forward(model, x, training=training))
-        value = (summed_over_outputs(mse, target, pred, tf.reduce_mean) if loss is None
-                 else tf.reduce_mean(loss(target, pred)))
+        value = verb_loss(loss, mse, target, pred, tf.reduce_mean)
         value = value + tf.add_n(model.losses) if model.losses else value
     # An embedding's gradient is sparse (IndexedSlices): densify it for a plain array.
     return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, model.trainable_variables)]

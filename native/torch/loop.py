@@ -44,7 +44,7 @@ from keras_side.config import (HarData, Result, as_tuple, batch_slices, keras_in
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_model_outputs, check_outputs, keras_loss,
-                              state_kept, summed_over_outputs, training_loss)
+                              state_kept, verb_loss, training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -99,8 +99,7 @@ def _own_graph(model) -> bool:
     """A Functional model (`keras.Model(inputs, outputs)`, Keras's own class) whose `Layer.__call__` has nothing to
     do (no hook, activity regularizer or mixed dtype policy of its own) and whose layers all get the training flag
     from the runner (none holds layers but takes no `training`)."""
-    return (type(model) is Functional and model.activity_regularizer is None
-            and model.compute_dtype == model.variable_dtype and not _hooked(model)
+    return (type(model) is Functional and _call_idle(model) and model.compute_dtype == model.variable_dtype
             and not any(layer._layers and not layer._call_has_training_arg for layer in model.layers))
 
 
@@ -165,7 +164,7 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
     if (not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call
             or type(model).__call__ is not keras.Sequential.__call__ or not model._functional):
         return None  # with no graph (no Input) `model(x)` already calls the layers in order
-    if _hooked(model) or model.activity_regularizer is not None:  # its hooks were skipped without a word
+    if not _call_idle(model):  # its hooks were skipped without a word
         return None
     layers = [(layer, layer._call_has_training_arg) for layer in model.layers]
     if any(not takes and layer._layers for layer, takes in layers):
@@ -277,6 +276,12 @@ def _without_onednn():
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
+
+
+def _call_idle(model) -> bool:
+    """Whether a model's own `Layer.__call__` has nothing to do around its layers: no torch hook on it, no activity
+    regularizer of its own."""
+    return model.activity_regularizer is None and not _hooked(model)
 
 
 def _hooked(module) -> bool:
@@ -745,7 +750,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     y = keras_inputs(_tensors(y, device))  # several targets: a tuple of arrays, one per output
     with state_kept(model):  # the gradient at the current state: training=True would move BatchNorm's statistics
         y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
-        value = summed_over_outputs(mse, y, pred, torch.mean) if loss is None else torch.mean(loss(y, pred))
+        value = verb_loss(loss, mse, y, pred, torch.mean)
         value = value + sum(model.losses) if model.losses else value
         grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
     return [g.detach().cpu().numpy() for g in grads]
