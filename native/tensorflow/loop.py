@@ -149,7 +149,11 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
         value = verb_loss(loss, mse, target, pred, tf.reduce_mean)
         value = value + tf.add_n(model.losses) if model.losses else value
     # An embedding's gradient is sparse (IndexedSlices): densify it for a plain array.
-    return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(value, model.trainable_variables)]
+    # A weight the loss does not reach: zero, as on JAX (the tape gives None; its UnconnectedGradients.ZERO cannot
+    # read a Keras variable's dtype).
+    grads = tape.gradient(value, model.trainable_variables)
+    return [np.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g).numpy()
+            for g, v in zip(grads, model.trainable_variables, strict=True)]
 
 
 def predict(model, x) -> np.ndarray:

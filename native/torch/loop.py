@@ -752,7 +752,8 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
         y, pred = as_fit_shapes(y, _forward(model, _tensors(x, device), training=training))
         value = verb_loss(loss, mse, y, pred, torch.mean)
         value = value + sum(model.losses) if model.losses else value
-        grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights])
+        grads = torch.autograd.grad(value, [w.value for w in model.trainable_weights], allow_unused=True,
+                                    materialize_grads=True)  # a weight the loss does not reach: zero, as on JAX
     return [g.detach().cpu().numpy() for g in grads]
 
 

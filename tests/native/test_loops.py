@@ -297,6 +297,35 @@ def test_grad_at_in_training_mode_leaves_the_models_state_as_it_was(har):
     assert all(np.array_equal(a, b) for a, b in zip(first, again)) and any(np.any(g != 0) for g in first)
 
 
+def test_a_weight_the_loss_does_not_reach_has_a_zero_gradient(har):
+    """A layer built but not called: its gradient is zero, as `jax.grad` gives it. torch's autograd raised "One of the
+    differentiated Tensors appears to not have been used in the graph" and TensorFlow's tape "Attempt to convert a
+    value (None)"."""
+    import keras
+
+    class Idle(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.used, self.idle = keras.layers.Dense(1), keras.layers.Dense(2)
+
+        def build(self, shape):
+            self.used.build(shape)
+            self.idle.build(shape)
+
+        def call(self, x):
+            return self.used(x)
+
+    seed_everything(0)
+    model = models.ensure_built(Idle(), har.x_train)
+    x, y = har.x_train[:64], har.y_train[:64]
+    grads = dict(zip(map(id, model.trainable_weights), loop.grad_at(model, x, y), strict=True))
+    for w in model.idle.trainable_weights:
+        assert grads[id(w)].shape == tuple(w.shape) and not grads[id(w)].any()
+    want = reference.mse_gradient(x, y, model.used.kernel.numpy(), model.used.bias.numpy())
+    for w, g in zip((model.used.kernel, model.used.bias), want, strict=True):
+        np.testing.assert_allclose(grads[id(w)], g, rtol=GRAD_RTOL_F32, atol=1e-6)
+
+
 def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
     """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
     'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
