@@ -11,6 +11,8 @@ load the first one's checkpoint. `stable_keys(model)` gives it the keys a torch 
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from keras_side.spec import as_fit_shapes
@@ -73,6 +75,16 @@ class HostModel(torch.nn.Module):
         super().__init__()
         self.har = stable_keys(keras_model)  # registering the Keras model registers its weights with torch
         self.calibrate = torch.nn.Linear(1, 1)
+
+    def __deepcopy__(self, memo):
+        """`copy.deepcopy(host)` (an EMA copy, a snapshot): Keras copies its model by saving and loading it, which
+        leaves the hooks of `stable_keys` behind, so the copy's state dict had Keras's numbered keys again. They are
+        installed on the copy's Keras model (any module holding one needs the same after a deepcopy)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        stable_keys(clone.har)
+        return clone
 
     def forward(self, x):
         # A Keras model reads `training` from its call, not from torch's `self.training`: pass it on, so that

@@ -230,6 +230,24 @@ def test_a_load_with_assign_is_refused_where_the_keras_layers_would_not_see_it()
     assert torch.equal(target.eval()(x), source.eval()(x)) and not torch.equal(before, target(x))
 
 
+def test_a_deep_copy_of_a_host_keeps_its_keys_and_its_weights():
+    """An EMA copy or a snapshot: Keras copies its model by saving and loading it, and the copy's state dict had
+    Keras's numbered keys ("har._torch_params.har/kernel"), which no fresh host loads."""
+    import copy
+
+    seed_everything(0)
+    host = torch_host.HostModel(models.dropout_mlp())
+    clone = copy.deepcopy(host)
+    assert clone.har is not host.har and list(clone.state_dict()) == list(host.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(clone.state_dict().values(), host.state_dict().values()))
+    with torch.no_grad():
+        clone.har.layers[0].kernel.assign(clone.har.layers[0].kernel + 1)  # its own weights, not the source's
+    fresh = torch_host.HostModel(models.dropout_mlp())
+    fresh.load_state_dict(clone.state_dict())
+    x = torch.ones((4, 3))
+    assert torch.equal(fresh.eval()(x), clone.eval()(x)) and not torch.equal(fresh(x), host.eval()(x))
+
+
 @pytest.mark.parametrize("build, rates, shape", [(noisy_bn_dropout, [0.3, 0.5], (3,)),
                                                  (first_dropout, [0.4], (3,)),
                                                  (sequence_dropout, [0.25], (5, 2)),
