@@ -4,6 +4,7 @@ one clear error, and the folder stays as it was."""
 import json
 import os
 from dataclasses import replace
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,15 @@ def test_the_portable_weights_are_the_models(har, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def two_epochs(har, tmp_path_factory):
+    """The checkpoints of the first 2 epochs of a run, trained once: each case below damages a copy."""
+    folder = tmp_path_factory.mktemp("two_epochs") / "c"
+    seed_everything(CFG.seed)
+    PATH.train(stateful_mlp(), har, CFG.replace(epochs=2), checkpoint=folder)
+    return folder
+
+
 def snapshot(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -113,10 +123,8 @@ def snapshot(folder):
     # a checkpoint written before the validation data was recorded: it cannot show it is the same (was a KeyError)
     (lambda: dict(damage="no validation"), 'is of another validation \\(null, this run: "\\d+ rows, sha256 '),
 ])
-def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, change, message):
-    folder = tmp_path / "c"
-    seed_everything(CFG.seed)
-    PATH.train(stateful_mlp(), har, CFG.replace(epochs=2), checkpoint=folder)
+def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_path, two_epochs, change, message):
+    folder = shutil.copytree(two_epochs, tmp_path / "c")
     options = change()
     damage = options.pop("damage", None)
     if damage == "engine":
