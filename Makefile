@@ -1,4 +1,5 @@
-# Two commands on a fresh clone: `make compare` (the main job) and `make test` (every test, every engine).
+# Two commands on a fresh clone: `make compare` (the main job) and `make test` (every test, every engine; the big
+# matrices in a fast subset: `make test-full` runs them whole, tests/tiers.py).
 # Both create .venv and install the pinned set (constraints.txt) once; the stamp is keyed on what was installed.
 # The set is for Python 3.11 on Linux x86-64, Linux aarch64 and macOS arm64, CPU builds (.ci/platforms.py).
 PYTHON ?= python3.11
@@ -18,7 +19,7 @@ STAMP := $(VENV)/.installed-$(DEVICE)-$(shell cat constraints.txt pyproject.toml
 # Our processes never read the user's ~/.keras/keras.json (it may name an engine that is not installed).
 export KERAS_HOME := $(CURDIR)/.keras_home
 
-.PHONY: setup compare bench walk-forward test check-platforms clean
+.PHONY: setup compare bench walk-forward test test-full check-platforms clean
 
 setup: $(STAMP)
 
@@ -53,6 +54,10 @@ test: $(STAMP)
 	for engine in $(ENGINES); do \
 		KERAS_BACKEND=$$engine $(PYTEST) tests/keras_side tests/native || exit 1; \
 	done
+
+# The same tests with every row of the big matrices (every zoo model, launcher and engine the fast subset leaves out).
+test-full:
+	NATIVE_LOOPS_FULL_TESTS=1 $(MAKE) test
 
 # pip's dry run of the install above for each platform we support (needs the package index; not in `make test`).
 check-platforms: $(STAMP)

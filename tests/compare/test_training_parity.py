@@ -11,6 +11,7 @@ from keras_side.backend import installed_engines
 from keras_side.config import first, take
 from keras_side.zoo import ZOO
 from tests.compare import parity_loops, parity_models
+from tests.tiers import rows
 
 RNG = np.random.default_rng(0)
 X, Y = RNG.normal(size=(64, 3)).astype(np.float32), RNG.normal(size=(64, 1)).astype(np.float32)
@@ -40,8 +41,10 @@ def test_every_path_on_every_engine_steps_alike(training_parity):
     assert all(np.array_equal(t["har/har/kernel"][0], kernel[0]) for t in found.values())  # one start
 
 
-# har_recent is the har with sample weights, which training parity does not take: har covers the model.
-ZOO_MODELS = [m for m in ZOO if m != "har_recent"]
+# har_recent is the har with sample weights, which training parity does not take: har covers the model. make test:
+# moving statistics, masks per engine, two outputs, a metric on integer labels, two inputs (the HAR is the test above's).
+ZOO_MODELS = rows([m for m in ZOO if m != "har_recent"],
+                  fast=["bn_mlp", "dropout_mlp", "two_horizons", "classifier", "panel"])
 
 
 @pytest.mark.parametrize("name", ZOO_MODELS)

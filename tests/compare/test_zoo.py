@@ -13,6 +13,7 @@ from compare.data import synthetic
 from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS
+from tests.tiers import FULL, rows
 
 FAST = ["--rows", "300", "--epochs", "1"]  # three batches, the last one short
 # The CLI's subset: a model for each kind of data and each thing a cell handles (sample weights, penalties, a sequence,
@@ -52,16 +53,21 @@ def test_every_model_on_every_engine_ends_where_fit_ends(every_model):
     assert "judged cells within" in text and "two_horizons" in text
 
 
+# make test: a two-output Functional model (BatchNorm's compiled step and scan: tests/native/torch/test_compile.py,
+# tests/native/jax/test_many.py).
+FAST_PATH_MODELS = rows(["bn_mlp", "two_horizons"], fast=["two_horizons"])
+
+
 def test_each_engines_fast_path_ends_where_fit_ends(tmp_path):
     """torch's compiled loop and JAX's fused scan, judged as the native loop is (the CLI's full run judges them on
-    every model; here a BatchNorm model and a two-output Functional one, to keep `make test`'s compiles few). Only
-    the engines that have one: TensorFlow's cells are the fixture's above."""
+    every model; here few, to keep `make test`'s compiles few). Only the engines that have one: TensorFlow's cells
+    are the fixture's above."""
     engines = [e for e in installed_engines() if e in zoo.FAST_PATHS]
-    report = zoo.run(synthetic.simulate(0), models=["bn_mlp", "two_horizons"], engines=engines, optimizers=["adam"],
+    report = zoo.run(synthetic.simulate(0), models=FAST_PATH_MODELS, engines=engines, optimizers=["adam"],
                      folder=tmp_path, epochs=1, rows=300, fast=True)
     fast = [c for c in report["cells"] if c["path"] in zoo.FAST_PATHS.values()]
     assert {(c["engine"], c["path"]) for c in fast} == {(e, zoo.FAST_PATHS[e]) for e in engines}
-    assert engines and len(fast) == 2 * len(engines) and all(c["judged"] for c in fast)
+    assert engines and len(fast) == len(FAST_PATH_MODELS) * len(engines) and all(c["judged"] for c in fast)
     assert zoo.passed(report), [c for c in report["cells"] if c["judged"] and not c["passed"]]
     assert zoo.paths_on("tensorflow", fast=True) == zoo.paths_on("tensorflow")  # no fast path there
 
@@ -80,16 +86,24 @@ def test_the_figure_shows_the_worst_judged_path_of_each_cell():
     assert figures.zoo_grid([history_off], ["har"], ["adam"], floor=-9.0)[0, 0] == np.inf
 
 
+# make test: each setting on one engine, each engine with one or two; `make test-full` (and `native-loops zoo`): every
+# setting on every engine.
+OPTIMIZERS_ON = {"torch": ["sgd", "adagrad"], "jax": ["rmsprop", "adam-cosine"], "tensorflow": ["adamw"]}
+
+
 def test_every_optimizer_setting_on_a_regularized_model(tmp_path):
     """Each optimizer, schedule and clip of the zoo, on the MLP whose penalties ride in the objective (each engine's
-    Keras-exact optimizers are also stepped against Keras's, on a kernel and a bias, in tests/native/test_optim.py);
-    plain Adam, on this MLP too, is the test above's."""
-    optimizers = [name for name in OPTIMIZERS if name != "adam"]
-    report = zoo.run(synthetic.simulate(0), models=["mlp_l2"], engines=installed_engines(),
-                     optimizers=optimizers, folder=tmp_path, epochs=1, rows=300)
-    judged = [c for c in report["cells"] if c["judged"]]
-    assert len(judged) == len(optimizers) * 2 * len(installed_engines())
-    assert zoo.passed(report), [c for c in judged if not c["passed"]]
+    Keras-exact optimizers are also stepped against Keras's, every setting on every engine, on a kernel and a bias,
+    in tests/native/test_optim.py); plain Adam, on this MLP too, is the test above's."""
+    others = [name for name in OPTIMIZERS if name != "adam"]
+    assert sorted(sum(OPTIMIZERS_ON.values(), [])) == sorted(others)  # every setting once
+    for engine in installed_engines():
+        optimizers = others if FULL else OPTIMIZERS_ON[engine]
+        report = zoo.run(synthetic.simulate(0), models=["mlp_l2"], engines=[engine], optimizers=optimizers,
+                         folder=tmp_path, epochs=1, rows=300)
+        judged = [c for c in report["cells"] if c["judged"]]
+        assert len(judged) == len(optimizers) * 2
+        assert zoo.passed(report), [c for c in judged if not c["passed"]]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -86,13 +86,16 @@ import pytest  # noqa: E402
 from native.jax import loop  # noqa: E402
 from tests.native.many_seeds import check_each_seed_trains_as_alone  # noqa: E402
 from tests.native import floors as floors_check  # noqa: E402
+from tests.tiers import rows  # noqa: E402
 
 
 def scan_alone(model, data, cfg):
     return loop.train(model, data, cfg.replace(validate=False), driver="scan")
 
 
-@pytest.mark.parametrize("name", ["bn_mlp", "dropout_mlp", "lstm", "conv1d", "har_recent", "two_horizons"])
+# make test: the convolution's 3-D inputs stand for the LSTM's.
+@pytest.mark.parametrize("name", rows(["bn_mlp", "dropout_mlp", "lstm", "conv1d", "har_recent", "two_horizons"],
+                                      fast=["bn_mlp", "dropout_mlp", "conv1d", "har_recent", "two_horizons"]))
 def test_each_seed_trains_as_the_scan_driver_trains_it_alone(panel, name):
     """3-D inputs (the LSTM), BatchNorm's statistics and Dropout's seed state carried per model, sample weights,
     two outputs: what the walk-forward trainer could not take. And a convolution, which every model computes as the
@@ -120,7 +123,7 @@ def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
 
 
 @pytest.mark.parametrize("driver", ["loop", "scan"])
-@pytest.mark.parametrize("model", floors_check.MODELS)
+@pytest.mark.parametrize("model", rows(floors_check.MODELS, fast=["har", "conv1d"]))
 def test_the_bench_floors_are_the_loop_without_keras(panel, model, driver):
     from compare.speed import floors
 

@@ -16,6 +16,7 @@ from keras_side.spec import SpecError, TrainConfig, resolve
 from native.jax import loop, sharded
 from tests.native import faults
 from tests.native.conftest import SHARDING_DEVICES
+from tests.tiers import rows
 
 SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) does not split: it is replicated
 CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
@@ -26,8 +27,9 @@ def alone(har, build, seed=0):
     return loop.train(resolve(build)(), har, CFG.replace(seed=seed)).weights
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
-                                   "keras_side.models:dropout_mlp"])
+@pytest.mark.parametrize("build", rows(["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
+                                        "keras_side.models:dropout_mlp"],
+                                       fast=["keras_side.models:bn_mlp", "keras_side.models:dropout_mlp"]))
 def test_two_devices_in_one_process_end_where_one_ends(har, build):
     """BatchNorm's moments and Dropout's mask are the global batch's: the step computes one global batch whose rows
     lie on two devices, so nothing needs synchronizing by hand."""

@@ -16,6 +16,7 @@ from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
 from tests.conftest import REPO
+from tests.tiers import rows
 
 SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) splits 32/31
 
@@ -38,7 +39,9 @@ def gap(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp"])
+# make test: the penalties each replica adds, BatchNorm synchronized (the HAR's Dense layers are in both).
+@pytest.mark.parametrize("build", rows(["keras_side.models:har", "keras_side.models:mlp_l2", "keras_side.models:bn_mlp"],
+                                       fast=["keras_side.models:mlp_l2", "keras_side.models:bn_mlp"]))
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
     """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch. A
     Dropout: below (the LSTM's test, whose model ends in one, and `fit`'s)."""

@@ -12,6 +12,7 @@ from keras_side.spec import SpecError, TrainConfig
 from native.torch import loop as torch_loop
 from tests.native.loops import flat
 from tests.native.torch.dropouts import functional_dropout, noisy_bn_dropout
+from tests.tiers import rows
 
 
 def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
@@ -28,9 +29,11 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
     assert not np.allclose(flat(compiled.weights), 0)
 
 
-@pytest.mark.parametrize("name, gradient", [("mlp_l2", True), ("har_recent", True), ("two_horizons", True),
-                                            ("classifier", True), ("panel", True), ("dropout_mlp", True),
-                                            ("bn_mlp", False)])
+# make test: two outputs, masks drawn before the step, a stateful model. The penalties are compiled below (mlp_l2),
+# the classifier's metric and the panel's two inputs traced in one graph below, `native-loops zoo` compiles them all.
+@pytest.mark.parametrize("name, gradient", rows([("mlp_l2", True), ("har_recent", True), ("two_horizons", True),
+                                                 ("classifier", True), ("panel", True), ("dropout_mlp", True),
+                                                 ("bn_mlp", False)], fast=["two_horizons", "dropout_mlp", "bn_mlp"]))
 def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel, name, gradient, monkeypatch):
     """#15: a model with no state its call updates trains on its objective's gradient compiled in one graph
     (`compiled_gradient`: the regularizers' penalties, sample weights, two weighted outputs, a metric, two inputs
@@ -98,7 +101,8 @@ def test_a_step_that_cannot_be_one_graph_is_refused_with_its_reason(har):
         torch_loop.train(model, har, TrainConfig(epochs=1, validate=False), compile=True)
 
 
-@pytest.mark.parametrize("name", ["har", "bn_mlp", "dropout_mlp", "classifier", "lstm", "conv1d", "panel"])
+@pytest.mark.parametrize("name", rows(["har", "bn_mlp", "dropout_mlp", "classifier", "lstm", "conv1d", "panel"],
+                                      fast=["bn_mlp", "classifier", "lstm", "panel"]))
 def test_the_compiled_step_is_one_graph(panel, name):
     """#15: the batch loss `train(compile=True)` compiles traces in one graph, no graph break (bn_mlp had 8, the
     classifier 5, dropout_mlp 5 before its masks were drawn outside: `Draws`), so it compiles once per batch

@@ -16,6 +16,7 @@ from native.torch import ddp
 from native.torch import loop as torch_loop
 from tests.conftest import REPO
 from tests.native import faults
+from tests.tiers import rows
 
 # 2,263 training days in batches of 100: the short last batch (63 rows) splits 32/31, the uneven case.
 SPEC = {"epochs": 2, "batch_size": 100}
@@ -26,8 +27,10 @@ def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProc
                       env={"PYTHONPATH": str(REPO)})
 
 
-@pytest.mark.parametrize("build", ["keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
-                                   "keras_side.models:dropout_mlp"])
+# make test: BatchNorm and Dropout; the penalty's average is the ranks' gradient below, in one process (mlp_l2).
+@pytest.mark.parametrize("build", rows(["keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
+                                        "keras_side.models:dropout_mlp"],
+                                       fast=["keras_side.models:bn_mlp", "keras_side.models:dropout_mlp"]))
 def test_two_processes_end_where_one_ends(har, tmp_path, build):
     """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), one with
     BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too), and one with a

@@ -1,0 +1,18 @@
+"""The two sizes of the test suite. `make test` runs a fast subset of each big matrix (zoo models × engines ×
+paths, launchers × models): a row for each thing the code under test branches on, so the subset can still fail.
+`make test-full` (NATIVE_LOOPS_FULL_TESTS=1) runs every row. The CLI runs the matrices whole as well:
+`native-loops zoo`, `native-loops distributed`, `native-loops compare`."""
+import os
+
+FULL = os.environ.get("NATIVE_LOOPS_FULL_TESTS") == "1"
+
+
+def rows(every, fast):
+    """The rows of a parametrized test this run takes: all of `every` under `make test-full`, else those whose name
+    (the row itself, or its first item) is in `fast`, in `every`'s order."""
+    every = list(every)
+    names = [row[0] if isinstance(row, tuple) else row for row in every]
+    unknown = set(fast) - set(names)
+    if unknown:
+        raise ValueError(f"the fast subset names rows the matrix does not have: {sorted(unknown)}")
+    return every if FULL else [row for row, name in zip(every, names) if name in fast]
