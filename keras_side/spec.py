@@ -442,6 +442,33 @@ def check_model_outputs(model, targets: int) -> None:
                         "per output (y as a tuple), or a model with one output per target")
 
 
+def check_labels(cfg: TrainConfig, data, model=None) -> None:
+    """A `SpecError` for class labels a sparse categorical loss cannot take: a label that is not a whole number from
+    0, or (where the model's outputs are known) not below its output's width. Keras checks none: torch raises deep in
+    its loss ("Target 5 is out of bounds"), and JAX trains on without a word (its one-hot of such a label is zeros),
+    so `fit` itself parted between engines."""
+    import numpy as np
+
+    try:
+        outputs = model.outputs if model is not None else None
+    except (AttributeError, ValueError):
+        outputs = None
+    for i, name in enumerate(cfg.losses):
+        if name != "sparse_categorical_crossentropy":
+            continue
+        width = outputs[i].shape[-1] if outputs and len(outputs) == cfg.outputs else None
+        for split in ("train", "val", "test"):
+            y = getattr(data, f"y_{split}")
+            y = np.asarray(y[i] if isinstance(y, tuple) else y)
+            bad = (y < 0) | (y != np.floor(y)) | (y >= width if width is not None else False)
+            if bad.any():
+                which = f"target {i} of the {split} rows" if cfg.outputs > 1 else f"the {split} targets"
+                classes = (f"0 to {width - 1} (the model's {width} outputs)" if width is not None else
+                           "whole numbers from 0")
+                raise SpecError(f"{which} hold the label {y[bad].flat[0]:g}, which sparse_categorical_crossentropy "
+                                f"cannot take: its labels are {classes}; renumber the classes from 0")
+
+
 def keras_metrics(cfg: TrainConfig) -> list:
     """Fresh `keras.metrics` objects, one per name: what `fit` compiles with, and what each loop accumulates. A
     metric accumulates over the epoch's samples (an accuracy is the share of right answers, not a mean of batch

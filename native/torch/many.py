@@ -31,7 +31,7 @@ import torch
 from torch.optim.adam import adam as functional_adam
 
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, take
-from keras_side.spec import SpecError, TrainConfig, check_outputs
+from keras_side.spec import SpecError, TrainConfig, check_labels, check_outputs
 from native.torch import loop, optim
 
 
@@ -175,6 +175,7 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     `compile_seconds` (None: nothing compiles).
     """
     check_outputs(cfg, data.outputs)
+    check_labels(cfg, data, model)
     check_separable(model, cfg)
     orders = torch.as_tensor(orders)
     n_models = len(orders)

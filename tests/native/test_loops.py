@@ -326,6 +326,39 @@ def test_a_weight_the_loss_does_not_reach_has_a_zero_gradient(har):
         np.testing.assert_allclose(grads[id(w)], g, rtol=GRAD_RTOL_F32, atol=1e-6)
 
 
+def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
+    """Keras checks none: on torch `fit` raised deep in its loss ("Target 3 is out of bounds") and on JAX it trained
+    on without a word (its one-hot of such a label is zeros). Every path now refuses them before training; labels
+    from 0 train."""
+    import dataclasses
+    import re
+
+    import keras
+
+    from keras_side import fit
+    from keras_side.spec import SpecError
+
+    def classes(y):
+        return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)  # 0, 1, 2
+
+    data = dataclasses.replace(har, y_train=classes(har.y_train), y_val=classes(har.y_val), y_test=classes(har.y_test))
+    cfg = TrainConfig(epochs=1, loss="sparse_categorical_crossentropy", from_logits=True)
+
+    def build():
+        seed_everything(0)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
+
+    for label, split, says in ((3, "train", "the train targets hold the label 3, which sparse_categorical_crossentropy "
+                                            "cannot take: its labels are 0 to 2 (the model's 3 outputs)"),
+                               (-1, "val", "the val targets hold the label -1"), (0.5, "test", "hold the label 0.5")):
+        y = getattr(data, f"y_{split}").copy()
+        y[7] = label
+        for train in (fit.train, loop.train):
+            with pytest.raises(SpecError, match=re.escape(says)):
+                train(build(), dataclasses.replace(data, **{f"y_{split}": y}), cfg)
+    assert np.isfinite(loop.train(build(), data, cfg).train_loss).all()
+
+
 def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
     """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
     'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
