@@ -165,6 +165,33 @@ def verb_arrays(x, what: str = "x"):
     return tuple(x)
 
 
+def output_arrays(pred):
+    """A model's predictions as this package carries them: one NumPy array, or a tuple of arrays, one per output
+    (as several targets travel). Stacked on a first axis, as they were, outputs of different widths (a forecast and
+    a class's logits) failed after the whole training with NumPy's "inhomogeneous shape"."""
+    if isinstance(pred, (list, tuple)):
+        return tuple(np.asarray(p) for p in pred)
+    return np.asarray(pred)
+
+
+def output_files(name: str, pred) -> dict[str, np.ndarray]:
+    """`pred` (`output_arrays`) as `np.savez` keywords: `name`, or `name.0`, `name.1`... for several outputs."""
+    return {f"{name}.{i}": p for i, p in enumerate(pred)} if isinstance(pred, tuple) else {name: pred}
+
+
+def output_read(z, name: str):
+    """What `output_files(name, ...)` wrote, from a loaded `.npz`."""
+    if name in z:
+        return z[name]
+    return tuple(z[f"{name}.{i}"] for i in range(sum(k.startswith(f"{name}.") for k in z)))
+
+
+def output_gap(a, b) -> float:
+    """The largest absolute difference between two predictions (`output_arrays`), over every output."""
+    pairs = zip(a, b, strict=True) if isinstance(a, tuple) else [(a, b)]
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
+
+
 def keras_inputs(x):
     """Several inputs (or targets) travel here as a tuple of arrays; a Keras model takes them as a list."""
     return list(x) if isinstance(x, tuple) else x
@@ -281,15 +308,15 @@ def loss_units(cfg: TrainConfig, data: HarData) -> tuple[float, str]:
 class Result:
     """What one training path produced. Weights are NumPy in `model.weights` order; losses in `units` (see
     `loss_units`); `metrics` per epoch as `fit`'s History names them ("binary_accuracy", "val_binary_accuracy"...),
-    on the standardized data; `test_pred` in standardized units (what crosses engines; several outputs stacked on
-    a first axis); `test_loss`, when the referee asked for it, the spec's loss on the test split."""
+    on the standardized data; `test_pred` in standardized units (what crosses engines; several outputs a tuple of
+    arrays, `output_arrays`); `test_loss`, when the referee asked for it, the spec's loss on the test split."""
 
     path: str
     engine: str
     weights: list[np.ndarray]
     train_loss: list[float]
     val_loss: list[float]
-    test_pred: np.ndarray
+    test_pred: np.ndarray | tuple[np.ndarray, ...]
     train_seconds: float
     compile_seconds: float | None = None
     seed: int = 0
@@ -311,7 +338,7 @@ class Result:
             weights=[np.array(w) for w in weights],
             train_loss=[float(v) * to_original for v in train_loss],
             val_loss=[float(v) * to_original for v in val_loss],
-            test_pred=np.asarray(test_pred),
+            test_pred=output_arrays(test_pred),
             train_seconds=seconds,
             compile_seconds=compile_seconds,
             seed=cfg.seed,
@@ -325,7 +352,7 @@ class Result:
         folder = Path(folder)
         arrays_only = ("weights", "test_pred")
         meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in arrays_only}
-        arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | {"test_pred": self.test_pred}
+        arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | output_files("test_pred", self.test_pred)
         np.savez(folder / f"{self.path}.npz", **arrays)
         (folder / f"{self.path}.json").write_text(json.dumps(meta, indent=1))
 
@@ -341,8 +368,8 @@ class Result:
         folder = Path(folder)
         meta = json.loads((folder / f"{path}.json").read_text())
         with np.load(folder / f"{path}.npz") as z:
-            weights = [z[f"w{i}"] for i in range(len(z.files) - 1)]
-            test_pred = z["test_pred"]
+            weights = [z[f"w{i}"] for i in range(sum(k.startswith("w") for k in z.files))]
+            test_pred = output_read(z, "test_pred")
         return cls(weights=weights, test_pred=test_pred, **meta)
 
 

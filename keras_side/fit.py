@@ -8,9 +8,8 @@ import dataclasses
 import time
 
 import keras
-import numpy as np
 
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, output_arrays, take
 from keras_side.spec import (SpecError, TrainConfig, check_labels, check_outputs, keras_loss, keras_metrics,
                              keras_optimizer, training_loss)
 
@@ -101,9 +100,9 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None,
                                 logs.get("val_loss", []), predict(model, data.x_test), seconds, metrics=metrics)
 
 
-def predict(model: keras.Model, x) -> np.ndarray:
-    """Predictions as a float NumPy array, in inference mode (several outputs stacked on a first axis)."""
-    return np.asarray(model.predict(keras_inputs(x), batch_size=4096, verbose=0))
+def predict(model: keras.Model, x):
+    """Predictions as a float NumPy array, in inference mode (several outputs: a tuple of arrays, one each)."""
+    return output_arrays(model.predict(keras_inputs(x), batch_size=4096, verbose=0))
 
 
 class Wrapped(keras.Model):

@@ -26,7 +26,7 @@ from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
 from keras_side import cores, fit, models
-from keras_side.config import HarData, Scaling, keras_inputs, loss_units, save_trained
+from keras_side.config import HarData, Scaling, keras_inputs, loss_units, output_files, save_trained
 from keras_side.spec import TrainConfig, resolve, training_loss
 from keras_side.zoo import ZOO
 from keras_side.determinism import seed_everything
@@ -119,7 +119,7 @@ def cross_predict(request: dict, send) -> dict:
     for name, weights_file in request["weights"].items():
         model = _model(request, data)
         model.load_weights(weights_file)
-        preds[name] = fit.predict(model, data.x_test)
+        preds |= output_files(name, fit.predict(model, data.x_test))
     np.savez(Path(request["out"]) / "cross_predictions.npz", **preds)
     return {}
 

@@ -20,7 +20,7 @@ from compare.data import reference
 from compare.engines import paths
 from compare.engines.runner import Outcome
 from compare.data.reference import Ols
-from keras_side.config import HarData, Result
+from keras_side.config import HarData, Result, output_gap, output_read
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64
 
 
@@ -64,7 +64,7 @@ def gradient_formula(engine: str, folder: Path) -> list[Check]:
 
 def portable_weights(source: str, target: str, results: dict[str, Result], cross: dict[str, np.ndarray]) -> Check:
     """Worst gap, over both of `source`'s paths, between its own predictions and `target`'s from its weights."""
-    gaps = [np.max(np.abs(cross[p.name] - results[p.name].test_pred)) for p in paths.for_engine(source)]
+    gaps = [output_gap(output_read(cross, p.name), results[p.name].test_pred) for p in paths.for_engine(source)]
     return within(f"portable_weights/{source}->{target}", max(gaps), tolerances.PORTABLE_ATOL)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, verb_arrays
+from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, output_arrays, verb_arrays
 from keras_side.models import ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
                               keras_metrics, verb_loss, training_loss)
@@ -320,12 +320,13 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     return [np.asarray(g) for g in jax.grad(batch_loss)([v.value for v in model.trainable_variables])]
 
 
-def predict(model, x) -> np.ndarray:
-    """Inference-mode predictions through `stateless_call`, as NumPy."""
+def predict(model, x):
+    """Inference-mode predictions through `stateless_call`, as NumPy (several outputs: a tuple of arrays, one
+    each)."""
     x = verb_arrays(x)
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     pred, _ = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(jax.tree.map(jnp.asarray, x)),
                                          training=False)
-    return np.asarray(pred)
+    return output_arrays(pred)

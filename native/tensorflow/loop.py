@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, verb_arrays
+from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, output_arrays, verb_arrays
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
 from keras_side.spec import (TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
@@ -157,8 +157,8 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
             for g, v in zip(grads, model.trainable_variables, strict=True)]
 
 
-def predict(model, x) -> np.ndarray:
-    """Inference-mode predictions as NumPy (several outputs stacked on a first axis)."""
+def predict(model, x):
+    """Inference-mode predictions as NumPy (several outputs: a tuple of arrays, one each)."""
     x = verb_arrays(x)
     ensure_built(model, x)
-    return np.asarray(tf.nest.map_structure(lambda t: t.numpy(), _forward(model, x, training=False)))
+    return output_arrays(tf.nest.map_structure(lambda t: t.numpy(), _forward(model, x, training=False)))

@@ -759,15 +759,15 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 
 
 @torch.no_grad()
-def predict(model, x) -> np.ndarray:
+def predict(model, x):
     """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16);
-    several outputs stacked on a first axis."""
+    several outputs: a tuple of arrays, one each."""
     x = verb_arrays(x)
     ensure_built(model, x)
     device = next(model.parameters()).device
     outputs = _forward(model, _tensors(x, device), training=False)
     if isinstance(outputs, (list, tuple)):
-        return np.asarray([_numpy(o) for o in outputs])
+        return tuple(_numpy(o) for o in outputs)
     return _numpy(outputs)
 
 

@@ -359,6 +359,43 @@ def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
     assert np.isfinite(loop.train(build(), data, cfg).train_loss).all()
 
 
+def test_heads_of_different_widths_train_and_predict_as_fit_does(har, tmp_path):
+    """A forecast and a class's logits: every path trained to the end, then failed on NumPy's "inhomogeneous shape"
+    stacking the test predictions. Several outputs are now a tuple of arrays, one each, as targets are."""
+    import dataclasses
+
+    import keras
+
+    from keras_side import fit
+    from keras_side.config import Result
+
+    def classes(y):
+        return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)
+
+    data = dataclasses.replace(har, **{f"y_{s}": (getattr(har, f"y_{s}"), classes(getattr(har, f"y_{s}")))
+                                       for s in ("train", "val", "test")})
+    cfg = TrainConfig(epochs=1, batch_order="numpy", loss=("mse", "sparse_categorical_crossentropy"), from_logits=True)
+
+    def trained(train):
+        keras.backend.clear_session()
+        seed_everything(0)
+        inputs = keras.Input((3,))
+        hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+        model = keras.Model(inputs, [keras.layers.Dense(1)(hidden), keras.layers.Dense(3)(hidden)])
+        return model, train(model, data, cfg)
+
+    (_, want), (model, got) = trained(fit.train), trained(loop.train)
+    assert [p.shape for p in got.test_pred] == [p.shape for p in want.test_pred] == [(data.n_test, 1), (data.n_test, 3)]
+    for a, b in zip(got.test_pred, want.test_pred, strict=True):
+        np.testing.assert_allclose(a, b, atol=ZOO_ATOL, rtol=0)
+    for a, b in zip(loop.predict(model, data.x_test), got.test_pred, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    got.save(tmp_path)
+    again = Result.load(tmp_path, got.path)  # what a worker sends the referee
+    assert all(np.array_equal(a, b) for a, b in zip(again.test_pred, got.test_pred, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(again.weights, got.weights, strict=True))
+
+
 def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
     """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
     'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
@@ -403,7 +440,7 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     np.testing.assert_allclose(got_weights, want_weights, atol=ZOO_ATOL, rtol=0)
     for curve in ("train_loss", "val_loss"):
         np.testing.assert_allclose(getattr(got, curve), getattr(want, curve), atol=HISTORY_ATOL, rtol=0)
-    assert got.test_pred.shape == want.test_pred.shape == (2, data.n_test, 1)
+    assert [p.shape for p in got.test_pred] == [p.shape for p in want.test_pred] == [(data.n_test, 1)] * 2
     _, unweighted = trained(loop.train, cfg.replace(loss_weights=None))
     assert np.max(np.abs(unweighted - got_weights)) > 1e-4  # the weights take part: the objective moved
     with pytest.raises(SpecError, match="the data has 2 targets"):
