@@ -165,6 +165,15 @@ def verb_arrays(x, what: str = "x"):
     return tuple(x)
 
 
+def compile_apart(epoch_seconds: list[float]) -> tuple[float, float | None]:
+    """(training seconds, compile seconds) of a run that compiles its step in its first epoch: the compile is the
+    first epoch's excess over a typical epoch (None with one epoch: nothing to compare it with)."""
+    if len(epoch_seconds) < 2:
+        return sum(epoch_seconds), None
+    compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
+    return sum(epoch_seconds) - compile_seconds, compile_seconds
+
+
 def output_arrays(pred):
     """A model's predictions as this package carries them: one NumPy array, or a tuple of arrays, one per output
     (as several targets travel). Stacked on a first axis, as they were, outputs of different widths (a forecast and

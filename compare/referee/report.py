@@ -118,14 +118,16 @@ def print_model_table(model: str, results: dict[str, Result], data: HarData) -> 
 
 
 def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> None:
-    """The lesson's table: OLS and each path; slopes in original units, test MSE, train time."""
+    """The lesson's table: OLS and each path; slopes in original units, test MSE, train time (and apart, the time
+    its first epoch spent tracing and compiling the step, where the path compiles and ran epochs to tell it by)."""
     table = Table("path", *data.features, "test MSE", "vs OLS", "train s", title=f"HAR on {data.asset!r}",
                   title_justify="left")
     table.add_row("OLS", *(f"{s:.4f}" for s in ols.slopes), f"{ols.test_mse:.4f}", "", "", style="bold")
     for name, result in results.items():
         row = path_summary(result, data)
         table.add_row(name, *(f"{s:.4f}" for s in row["slopes"].values()), f"{row['test_mse']:.4f}",
-                      f"{row['test_mse'] / ols.test_mse - 1:+.3%}", f"{row['train_seconds']:.3f}")
+                      f"{row['test_mse'] / ols.test_mse - 1:+.3%}", f"{row['train_seconds']:.3f}" + (
+                          "" if result.compile_seconds is None else f" (+{result.compile_seconds:.2f} compile)"))
     console().print(table)
 
 CURVE_EPOCHS = (1, 2, 3, 5, 10, 20, 40)

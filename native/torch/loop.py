@@ -39,8 +39,8 @@ from keras.src.models.functional import Functional
 from torch._dynamo.utils import counters
 
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import (HarData, Result, as_tuple, batch_slices, keras_inputs, numpy_orders, take,
-                               verb_arrays)
+from keras_side.config import (HarData, Result, as_tuple, batch_slices, compile_apart, keras_inputs, numpy_orders,
+                               take, verb_arrays)
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
@@ -720,15 +720,6 @@ def traceable(model) -> None:
     for layer in model._flatten_layers():
         if isinstance(layer, keras.layers.BatchNormalization) and isinstance(layer._reduction_axes, list):
             object.__setattr__(layer, "_reduction_axes", tuple(layer._reduction_axes))  # past Keras's tracking
-
-
-def compile_apart(epoch_seconds: list[float]) -> tuple[float, float | None]:
-    """(training seconds, compile seconds) of a compiled run: the compile is the first epoch's excess over a typical
-    epoch (None with one epoch: nothing to compare it with)."""
-    if len(epoch_seconds) < 2:
-        return sum(epoch_seconds), None
-    compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
-    return sum(epoch_seconds) - compile_seconds, compile_seconds
 
 
 @torch.no_grad()

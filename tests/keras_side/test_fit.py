@@ -22,6 +22,16 @@ def test_fit_reaches_ols(trained, har, ols_fit):
     assert len(found) == 2 and all(c.passed for c in found), found
 
 
+def test_the_steps_compile_is_apart_where_fit_compiles_it(trained, har):
+    """On JAX and TensorFlow `fit` traces and compiles its step in its first epoch: that excess over a typical epoch
+    is its compile, as the native loops' compiled paths report theirs (it was in `fit`'s training seconds, and every
+    × fit ratio of the bench counted it); torch's `fit` compiles nothing. One epoch has nothing to tell it by."""
+    result = trained[1]
+    assert (result.compile_seconds is None) == (ENGINE == "torch") and result.train_seconds > 0
+    seed_everything(0)
+    assert fit.train(models.har(), har, TrainConfig(epochs=1)).compile_seconds is None
+
+
 def test_result_shape(trained, har, tmp_path):
     model, result = trained
     assert result.path == f"keras-{ENGINE}" and result.engine == ENGINE
