@@ -71,9 +71,10 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="write the synthetic panel and summarize a data set")
     _data_options(p)
     p.add_argument("--out", type=_path, metavar="FILE", help="write the synthetic panel (parquet) here")
-    p.add_argument("--seed", type=int, default=har_data.DEFAULT_DATA_SEED, help="generator seed")
+    p.add_argument("--seed", type=int, help=f"the synthetic panel's generator seed (default: "
+                   f"{har_data.DEFAULT_DATA_SEED}; not with --data)")
 
-    p = sub.add_parser("models", help="list the layers of every model builder")
+    p = sub.add_parser("models", help="list the layers of every model: the package's builders, then the zoo's")
     p.add_argument("--engine", choices=ENGINES, default="jax")
 
     p = sub.add_parser("train", help="train one path in this process and print its slopes, test MSE and time")

@@ -25,7 +25,7 @@ from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, exists, write_json
 from keras_side.backend import keras_defaults, use_backend
-from keras_side.config import ENGINES, HarData, versions
+from keras_side.config import ENGINES, HarData, take, versions
 from keras_side.spec import TrainConfig
 
 
@@ -56,11 +56,13 @@ def check_seed(seed: int, after: int = 0) -> int:
 
 
 def data(args: argparse.Namespace) -> int:
-    check_seed(args.seed)
     if args.asset_given:
         refuse_asset(args, "data summarizes every asset")
     if args.out and args.data:
         raise NativeLoopsError("--out writes the synthetic panel, so it cannot be combined with --data; drop one")
+    if args.seed is not None and args.data:  # it drew nothing, without a word
+        raise NativeLoopsError("--seed draws the synthetic panel, so it cannot be combined with --data; drop one")
+    args.seed = check_seed(har_data.DEFAULT_DATA_SEED if args.seed is None else args.seed)
     if args.out is not None and Path(args.out).suffix.lower() != ".parquet":
         raise NativeLoopsError(f"--out {args.out!r}: the panel is written as parquet; give a file name ending in "
                                ".parquet")
@@ -87,6 +89,15 @@ def models(args: argparse.Namespace) -> int:
         seed_everything(0)
         model = builders.ensure_built(build(), builders.example_inputs(name))
         report.print_layers(name, builders.layer_table(model), args.engine)
+    # The zoo's models too (`--model` of compare and distributed, `--models` of zoo and bench), built on two rows of
+    # their own kind of data
+    panel = synthetic.simulate(0)
+    for name, entry in zoo_matrix.ZOO.items():
+        if name not in builders.BUILDERS:
+            seed_everything(0)
+            x = take(har_data.prepare_kind(panel, entry.data).x_train, slice(0, 2))
+            model = builders.ensure_built(entry.builder()(), x)
+            report.print_layers(f"zoo: {name}", builders.layer_table(model), args.engine)
     return 0
 
 
@@ -134,8 +145,11 @@ def train(args: argparse.Namespace) -> int:
     if args.resume and not args.checkpoint:
         raise NativeLoopsError("--resume goes on from the checkpoints in --checkpoint DIR; give that folder")
     if args.checkpoint and path.name not in CHECKPOINTED:
-        raise NativeLoopsError(f"checkpoints are written by the native loops ({', '.join(CHECKPOINTED)}), not "
-                               f"by {path.name}; fit has keras.callbacks.BackupAndRestore")
+        why = ("the fused scan runs every epoch in one call, so no epoch ends where a checkpoint could be written; "
+               "use --path jax-native" if path.name == "jax-native-scan" else
+               "fit has keras.callbacks.BackupAndRestore" if path.name.startswith("keras-") else
+               f"it is not one of {', '.join(CHECKPOINTED)}")
+        raise NativeLoopsError(f"--checkpoint: {path.name} writes no checkpoints: {why}")
     panel, source = load(args)
     prepared, fit = prepare_har(args, panel, source)
     check_epochs(cfg, prepared.n_train)
@@ -236,11 +250,13 @@ def compare(args: argparse.Namespace) -> int:
         ols = None
     check_epochs(cfg, prepared.n_train)
     out = Path(args.out) if args.out else default_out()
+    # seed_noise sets one engine's fit against another's: with one engine, its 100 seeds would judge nothing.
+    noise = har and len(engines) > 1
     with atomic_folder(out) as tmp:
         with report.progress(engines) as on_event:
             outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, har=har, same_epochs=same_epochs,
                                  float64=args.float64, on_event=on_event,
-                                 seeds=seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if har else ())
+                                 seeds=seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if noise else ())
         results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick,
                                         draws_randomness=entry.draws,
                                         same_epochs=same_epochs if same_epochs < cfg.epochs else None)
@@ -256,6 +272,8 @@ def compare(args: argparse.Namespace) -> int:
         report.print_checks(found, outcome.failed)
         if args.quick:
             report.console().print(f"--quick: {cfg.epochs} epochs" + (", so ols_reached is not judged" if har else ""))
+        if har and not noise:
+            report.console().print("seed_noise sets one engine's fit against another's: give --engines two or more")
         summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {
             "quick": args.quick, "model": args.model,
             "seed_noise": seed_noise.summary(spreads, prepared.features) if spreads else None}

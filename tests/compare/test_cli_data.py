@@ -154,6 +154,11 @@ def test_bad_input_data_command(files, tmp_path, capsys):
     code = cli.main(["data", "--data", files["good"], "--out", str(tmp_path / "x.parquet")])
     assert code == 2 and "cannot be combined with --data" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+    # the seed draws the synthetic panel: with a file of the user's it did nothing, without a word
+    assert cli.main(["data", "--data", files["good"], "--seed", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--seed draws the synthetic panel, so it cannot be combined with --data" in err and err.count("\n") == 1
+    assert cli.main(["data", "--seed", "-1"]) == 2 and "--seed must be an integer" in capsys.readouterr().err
 
 
 def test_out_folder_must_be_new(files, tmp_path, capsys):

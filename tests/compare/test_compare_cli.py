@@ -218,6 +218,16 @@ def test_float64_gradients_are_judged_per_engine(tmp_path):
     assert 1e-9 < torch["value"] <= torch["tolerance"] and "keras-team/keras#23704" in torch["note"]
 
 
+def test_one_engine_trains_no_seeds_that_no_check_would_read(tmp_path, capsys):
+    """seed_noise sets one engine's fit against another's: with one engine it trained 100 seeds (seconds of the run)
+    and wrote their quantiles to report.json, and no check read them. Now it says what seed_noise needs."""
+    code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert code == 0 and report["seed_noise"] == {"jax": {"default": report["seed_noise"]["jax"]["default"]}}
+    assert not any(c["name"].startswith("seed_noise") for c in report["checks"])
+    assert "seed_noise sets one engine's fit against another's: give --engines two or more" in capsys.readouterr().out
+
+
 def test_a_users_keras_json_does_not_reach_the_referee(tmp_path, monkeypatch, capsys):
     """A KERAS_HOME whose keras.json sets floatx float16 and another epsilon: the workers put Keras's defaults back,
     so every check still passes."""

@@ -83,6 +83,12 @@ def test_models_command_lists_every_builder(capsys):
     for name in models.BUILDERS:
         assert f"{name} ({ENGINE})" in text
     assert "Embedding" in text and "GaussianNoise" in text
+    # and the zoo's, which bench --models, zoo --models and compare --model take (it listed none of the eight others)
+    from keras_side.zoo import ZOO
+
+    for name in set(ZOO) - set(models.BUILDERS):
+        assert f"zoo: {name} ({ENGINE})" in text
+    assert "LSTM" in text and "Conv1D" in text and "BatchNormalization" in text
 
 
 def test_batchnorm_takes_its_batch_moments_from_moments_only_when_training():

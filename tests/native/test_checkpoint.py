@@ -216,4 +216,8 @@ def test_the_train_command_checkpoints_and_resumes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds the checkpoints of a run (epoch 3); pass resume" in err and len(err.strip().splitlines()) == 1
     assert cli.main(["train", "--path", f"keras-{ENGINE}", "--checkpoint", folder]) == 2
-    assert "checkpoints are written by the native loops" in capsys.readouterr().err
+    assert (f"--checkpoint: keras-{ENGINE} writes no checkpoints: fit has keras.callbacks.BackupAndRestore"
+            in capsys.readouterr().err)
+    # a native loop, but one whose epochs run in one call (it was told that fit has BackupAndRestore)
+    assert cli.main(["train", "--path", "jax-native-scan", "--checkpoint", folder]) == 2
+    assert "no epoch ends where a checkpoint could be written; use --path jax-native" in capsys.readouterr().err
