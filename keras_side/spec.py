@@ -444,19 +444,18 @@ def check_model_outputs(model, targets: int) -> None:
 
 def check_labels(cfg: TrainConfig, data, model=None) -> None:
     """A `SpecError` for class labels a sparse categorical loss cannot take: a label that is not a whole number from
-    0, or (where the model's outputs are known) not below its output's width. Keras checks none: torch raises deep in
-    its loss ("Target 5 is out of bounds"), and JAX trains on without a word (its one-hot of such a label is zeros),
-    so `fit` itself parted between engines."""
+    0, or (given the model) not below its output's width. Keras checks none: torch raises deep in its loss ("Target 5
+    is out of bounds"), and JAX trains on without a word (its one-hot of such a label is zeros), so `fit` itself
+    parted between engines."""
     import numpy as np
 
-    try:
-        outputs = model.outputs if model is not None else None
-    except (AttributeError, ValueError):
-        outputs = None
+    if "sparse_categorical_crossentropy" not in cfg.losses:
+        return
+    widths = _output_widths(model, data.x_train) if model is not None else None
     for i, name in enumerate(cfg.losses):
         if name != "sparse_categorical_crossentropy":
             continue
-        width = outputs[i].shape[-1] if outputs and len(outputs) == cfg.outputs else None
+        width = widths[i] if widths and len(widths) == cfg.outputs else None
         for split in ("train", "val", "test"):
             y = getattr(data, f"y_{split}")
             y = np.asarray(y[i] if isinstance(y, tuple) else y)
@@ -467,6 +466,23 @@ def check_labels(cfg: TrainConfig, data, model=None) -> None:
                            "whole numbers from 0")
                 raise SpecError(f"{which} hold the label {y[bad].flat[0]:g}, which sparse_categorical_crossentropy "
                                 f"cannot take: its labels are {classes}; renumber the classes from 0")
+
+
+def _output_widths(model, x) -> list[int] | None:
+    """The last axis of each of the model's outputs, from Keras's symbolic pass over one row (a subclassed model's
+    too, which has no `outputs`); None where Keras cannot run the model so (its labels' range is then unchecked)."""
+    import keras
+
+    from keras_side.config import take
+
+    row = take(x, slice(0, 1))
+    symbolic = [keras.KerasTensor(a.shape, a.dtype.name) for a in row] if isinstance(row, tuple) else \
+        keras.KerasTensor(row.shape, row.dtype.name)
+    try:
+        spec = model.compute_output_spec(symbolic)
+    except Exception:  # any error of the model's own: the training that follows raises it where it belongs
+        return None
+    return [s.shape[-1] for s in (spec if isinstance(spec, (list, tuple)) else [spec])]
 
 
 def keras_metrics(cfg: TrainConfig) -> list:

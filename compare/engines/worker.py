@@ -316,8 +316,9 @@ def seeds(request: dict, send) -> dict:
         trained = many.train_seeds(init.model, data, cfg, start, orders, lrs)
         pred = many.predict_seeds(init.model, trained["trainable"], trained["non_trainable"], data.x_test)
         units = loss_units(cfg, data)[0]
+        per_model = zip(*pred) if isinstance(pred, tuple) else pred  # several outputs: model k's of each
         np.savez(out / f"{name}.npz", val_loss=trained["val_loss"] * units,
-                 test_loss=np.array([_spec_test_loss(cfg, data, p) for p in pred]),
+                 test_loss=np.array([_spec_test_loss(cfg, data, p) for p in per_model]),
                  **named("w", trained["trainable"]))
         found |= {"seconds": trained["seconds"], "compile_seconds": trained["compile_seconds"]}
         # done: the bar's last frame said 0/1 after every check had passed
@@ -330,7 +331,7 @@ def seeds(request: dict, send) -> dict:
         np.savez(out / f"{name}-fit.npz", val_loss=np.array([result.val_loss[-1]]),
                  test_loss=np.array([_spec_test_loss(cfg, data, result.test_pred)]),
                  **named("w", [w[None] for w in result.weights[: len(model.trainable_weights)]]))
-        found["fit_seconds"] = result.train_seconds
+        found |= {"fit_seconds": result.train_seconds, "fit_compile_seconds": result.compile_seconds}
         send(event="progress", engine=ENGINE, path=f"keras-{ENGINE}", stage="train", epoch=1, epochs=1)
     return found
 

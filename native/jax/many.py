@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.config import HarData, keras_inputs
+from keras_side.config import HarData, keras_inputs, output_arrays
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig, check_labels, check_outputs, keras_metrics, training_loss
 from native.jax import convolution, loop, optim
@@ -237,12 +237,12 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
             "compile_seconds": compile_seconds}
 
 
-def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
-    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
-    model axis (models, outputs, n, ...)."""
+def predict_seeds(model, trainable, non_trainable, x):
+    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs a tuple of such
+    arrays, one each (`output_arrays`: heads of different widths cannot be stacked)."""
     def one(trainable, non_trainable):
         pred, _ = convolution.stateless_call(model, trainable, non_trainable, keras_inputs(x), training=False)
-        return jnp.stack(pred, 0) if isinstance(pred, (list, tuple)) else pred
+        return tuple(pred) if isinstance(pred, (list, tuple)) else pred
 
     x = jax.tree.map(jnp.asarray, x)
-    return np.asarray(jax.jit(jax.vmap(one))(trainable, non_trainable))
+    return output_arrays(jax.jit(jax.vmap(one))(trainable, non_trainable))

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from keras_side import cores
 from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
                                take)
-from keras_side.spec import SpecError, TrainConfig, data_parallel_config, training_loss
+from keras_side.spec import SpecError, TrainConfig, check_labels, data_parallel_config, training_loss
 from native import preflight
 from native.jax import loop, optim
 
@@ -59,6 +59,7 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) ->
     global batches. `on_step(state)`, if given, runs after each step is dispatched (the launcher's progress)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
+    check_labels(cfg, data, model)  # as the one-process loop: JAX would train on them without a word
     devices = list(devices or jax.devices())
     mesh = Mesh(np.asarray(devices), ("batch",))
     replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))

@@ -51,7 +51,7 @@ from keras.src.backend.tensorflow import random as keras_tf_random
 from keras_side import cores, swap
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_optimizer
+from keras_side.spec import SpecError, TrainConfig, check_labels, keras_loss, keras_optimizer
 from native import preflight
 
 
@@ -149,6 +149,7 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         model = ensure_built(build(), data.x_train)
+        check_labels(cfg, data, model)  # as the one-process loop
         synchronize_batchnorm(model)
         if replicas > 1:
             refuse_other_draws(model)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.optim.adam import adam as functional_adam
 
-from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, take
+from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, output_arrays, take
 from keras_side.spec import SpecError, TrainConfig, check_labels, check_outputs
 from native.torch import loop, optim
 
@@ -223,16 +223,16 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
 
 
 @torch.no_grad()
-def predict_seeds(model, trainable, non_trainable, x) -> np.ndarray:
-    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs stacked after the
-    model axis (models, outputs, n, ...)."""
+def predict_seeds(model, trainable, non_trainable, x):
+    """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs a tuple of such
+    arrays, one each (`output_arrays`: heads of different widths cannot be stacked)."""
     def one(trainable, non_trainable):
         inputs = keras_inputs(loop._tensors(x, None))
         pred, _ = model.stateless_call(list(trainable), list(non_trainable), inputs, training=False)
-        return torch.stack(list(pred)) if isinstance(pred, (list, tuple)) else pred
+        return tuple(pred) if isinstance(pred, (list, tuple)) else pred
 
     as_tensors = lambda ws: [torch.as_tensor(np.asarray(w)) for w in ws]  # noqa: E731
-    return torch.func.vmap(one)(as_tensors(trainable), as_tensors(non_trainable)).numpy()
+    return output_arrays(torch.func.vmap(one)(as_tensors(trainable), as_tensors(non_trainable)))
 
 
 def _losses(model, loss_fn, training: bool):

@@ -61,3 +61,26 @@ def _numpy(variable):
     import keras
 
     return keras.ops.convert_to_numpy(variable.value)
+
+
+def check_predict_seeds_of_heads_of_different_widths(many, panel):
+    """A forecast and a class's logits: `predict_seeds` stacked the outputs and failed on NumPy's "inhomogeneous
+    shape" after every seed had trained. Several outputs are a tuple, one (models, n, width) array each, and model i's
+    predictions are the model's own with its weights."""
+    import keras
+
+    def build():
+        inputs = keras.Input((3,))
+        hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+        return keras.Model(inputs, [keras.layers.Dense(1)(hidden), keras.layers.Dense(3)(hidden)])
+
+    data = zoo_data(panel, "har")
+    init = InitialWeights.of(build, data.x_train)
+    model, (trainable, non_trainable) = init.model, init.draw([0, 1])
+    x = data.x_test[:7]
+    got = many.predict_seeds(model, trainable, non_trainable, x)
+    assert isinstance(got, tuple) and [g.shape for g in got] == [(2, 7, 1), (2, 7, 3)]
+    for i in range(2):
+        want = alone(model, (trainable, non_trainable), i).predict(x, verbose=0)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g[i], w, atol=1e-6, rtol=0)

@@ -84,7 +84,8 @@ def test_predict_many_is_each_models_own_forward():
 import pytest  # noqa: E402
 
 from native.jax import loop  # noqa: E402
-from tests.native.many_seeds import check_each_seed_trains_as_alone  # noqa: E402
+from tests.native.many_seeds import (check_each_seed_trains_as_alone,  # noqa: E402
+                                     check_predict_seeds_of_heads_of_different_widths)
 from tests.native import floors as floors_check  # noqa: E402
 from tests.tiers import rows  # noqa: E402
 
@@ -129,3 +130,7 @@ def test_the_bench_floors_are_the_loop_without_keras(panel, model, driver):
 
     floors_check.check_floor_trains_as_the_loop(panel, model, lambda *a, **k: floors.jax_raw(*a, driver=driver, **k),
                                                 lambda m, d, c: loop.train(m, d, c, driver=driver))
+
+
+def test_predict_seeds_of_heads_of_different_widths(panel):
+    check_predict_seeds_of_heads_of_different_widths(jax_many, panel)

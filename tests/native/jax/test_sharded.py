@@ -40,6 +40,22 @@ def test_two_devices_in_one_process_end_where_one_ends(har, build):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
+def test_class_labels_the_loss_cannot_take_are_refused_as_in_one_process(har):
+    """The one-process loop refuses them; the sharded step trained on them without a word (JAX's one-hot of a label
+    past the last class is zeros)."""
+    import dataclasses
+
+    import keras
+
+    y = (har.y_train > 0).astype(np.float32)
+    y[5] = 2  # two classes: 0 and 1
+    data = dataclasses.replace(har, y_train=y, y_val=(har.y_val > 0).astype(np.float32),
+                               y_test=(har.y_test > 0).astype(np.float32))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(SpecError, match="the train targets hold the label 2, .*0 to 1 \\(the model's 2 outputs\\)"):
+        sharded.train(model, data, CFG.replace(loss="sparse_categorical_crossentropy", from_logits=True))
+
+
 def test_two_outputs_on_two_devices_end_where_one_ends(panel):
     """Several targets (a tuple), each output's loss weighted as `compile` weighs them, on the sharded step
     (TensorFlow's launch with two outputs: tests/native/tensorflow/test_mirrored.py; torch's rank loss:

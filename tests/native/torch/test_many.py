@@ -65,7 +65,8 @@ def test_predict_many_is_each_models_own_forward():
 from keras_side.spec import SpecError  # noqa: E402
 from keras_side.zoo import ZOO  # noqa: E402
 from native.torch import loop  # noqa: E402
-from tests.native.many_seeds import check_each_seed_trains_as_alone, zoo_data  # noqa: E402
+from tests.native.many_seeds import (check_each_seed_trains_as_alone,  # noqa: E402
+                                     check_predict_seeds_of_heads_of_different_widths, zoo_data)
 from tests.native import floors as floors_check  # noqa: E402
 
 
@@ -154,3 +155,7 @@ def test_the_walk_forward_trainer_is_a_plain_loop_over_each_window():
                 adam.step()
         np.testing.assert_allclose(trained[0][0, m], kernel.detach().numpy(), atol=VMAP_VS_ALONE_ATOL, rtol=0)
         np.testing.assert_allclose(trained[1][0, m], bias.detach().numpy(), atol=VMAP_VS_ALONE_ATOL, rtol=0)
+
+
+def test_predict_seeds_of_heads_of_different_widths(panel):
+    check_predict_seeds_of_heads_of_different_widths(torch_many, panel)
