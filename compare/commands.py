@@ -91,13 +91,14 @@ def models(args: argparse.Namespace) -> int:
         report.print_layers(name, builders.layer_table(model), args.engine)
     # The zoo's models too (`--model` of compare and distributed, `--models` of zoo and bench), built on two rows of
     # their own kind of data
+    zoo = {name: entry for name, entry in zoo_matrix.ZOO.items() if name not in builders.BUILDERS}
     panel = synthetic.simulate(0)
-    for name, entry in zoo_matrix.ZOO.items():
-        if name not in builders.BUILDERS:
-            seed_everything(0)
-            x = take(har_data.prepare_kind(panel, entry.data).x_train, slice(0, 2))
-            model = builders.ensure_built(entry.builder()(), x)
-            report.print_layers(f"zoo: {name}", builders.layer_table(model), args.engine)
+    rows = {kind: take(har_data.prepare_kind(panel, kind).x_train, slice(0, 2))
+            for kind in {entry.data for entry in zoo.values()}}
+    for name, entry in zoo.items():
+        seed_everything(0)
+        model = builders.ensure_built(entry.builder()(), rows[entry.data])
+        report.print_layers(f"zoo: {name}", builders.layer_table(model), args.engine)
     return 0
 
 

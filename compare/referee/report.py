@@ -120,8 +120,11 @@ def print_model_table(model: str, results: dict[str, Result], data: HarData) -> 
 def train_seconds(result: Result) -> str:
     """A path's training seconds, and apart, the time its first epoch spent tracing and compiling the step (where the
     path compiles, `fit`'s on JAX and TensorFlow too, and ran epochs to tell it by)."""
-    return f"{result.train_seconds:.3f}" + ("" if result.compile_seconds is None else
-                                             f" (+{result.compile_seconds:.2f} compile)")
+    return with_compile(f"{result.train_seconds:.3f}", result.compile_seconds)
+
+
+def with_compile(seconds: str, compile_seconds: float | None) -> str:
+    return seconds + ("" if compile_seconds is None else f" (+{compile_seconds:.2f} compile)")
 
 
 def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> None:
@@ -379,8 +382,8 @@ def print_seeds(summary: dict, timings: dict, model: str) -> None:
     speed = Table("engine", "seeds s", "compile s", "fit s (one run)", title="training time", title_justify="left")
     for engine, t in timings.items():
         cell = lambda k: "" if t.get(k) is None else f"{t[k]:.2f}"  # noqa: E731
-        fit_compile = "" if t.get("fit_compile_seconds") is None else f" (+{t['fit_compile_seconds']:.2f} compile)"
-        speed.add_row(engine, cell("seconds"), cell("compile_seconds"), cell("fit_seconds") + fit_compile)
+        speed.add_row(engine, cell("seconds"), cell("compile_seconds"),
+                      with_compile(cell("fit_seconds"), t.get("fit_compile_seconds")))
     console().print(speed)
 
 
@@ -388,7 +391,8 @@ def print_sweep(found: dict, best: dict, rates: list[float], sizes: list[int], o
     """Per engine, the grid of mean validation MSE (batch sizes × learning rates), the best cell against OLS."""
     for engine, f in found.items():
         table = Table("batch size", *[f"lr {r:g}" for r in rates], title=f"{engine}: validation MSE (log RV²), "
-                      f"{'one seed' if seeds == 1 else f'mean of {seeds} seeds'}; OLS {ols_val_mse:.5f}", title_justify="left")
+                      f"{'one seed' if seeds == 1 else f'mean of {seeds} seeds'}; OLS {ols_val_mse:.5f}",
+                      title_justify="left")
         for i, size in enumerate(sizes):
             table.add_row(str(size), *[f"{v:.5f}" for v in f["val_mse"][i]])
         console().print(table)

@@ -326,6 +326,14 @@ def test_a_weight_the_loss_does_not_reach_has_a_zero_gradient(har):
         np.testing.assert_allclose(grads[id(w)], g, rtol=GRAD_RTOL_F32, atol=1e-6)
 
 
+SPLITS = ("train", "val", "test")
+
+
+def three_classes(har, y):
+    """Class labels 0, 1, 2 of targets `y`: the HAR's training terciles."""
+    return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)
+
+
 def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
     """Keras checks none: on torch `fit` raised deep in its loss ("Target 3 is out of bounds") and on JAX it trained
     on without a word (its one-hot of such a label is zeros). Every path now refuses them before training; labels
@@ -339,10 +347,7 @@ def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
     from keras_side import fit
     from keras_side.spec import SpecError
 
-    def classes(y):
-        return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)  # 0, 1, 2
-
-    data = dataclasses.replace(har, y_train=classes(har.y_train), y_val=classes(har.y_val), y_test=classes(har.y_test))
+    data = dataclasses.replace(har, **{f"y_{s}": three_classes(har, getattr(har, f"y_{s}")) for s in SPLITS})
     cfg = TrainConfig(epochs=1, loss="sparse_categorical_crossentropy", from_logits=True)
 
     def build():
@@ -377,11 +382,8 @@ def test_heads_of_different_widths_train_and_predict_as_fit_does(har, tmp_path):
     from keras_side import fit
     from keras_side.config import Result
 
-    def classes(y):
-        return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)
-
-    data = dataclasses.replace(har, **{f"y_{s}": (getattr(har, f"y_{s}"), classes(getattr(har, f"y_{s}")))
-                                       for s in ("train", "val", "test")})
+    data = dataclasses.replace(har, **{f"y_{s}": (getattr(har, f"y_{s}"), three_classes(har, getattr(har, f"y_{s}")))
+                                       for s in SPLITS})
     cfg = TrainConfig(epochs=1, batch_order="numpy", loss=("mse", "sparse_categorical_crossentropy"), from_logits=True)
 
     def trained(train):
