@@ -14,9 +14,11 @@ from keras_side.spec import TrainConfig
 from tests.tiers import rows
 
 
-# make test: JAX and TensorFlow (torch's DDP launched by this command: the test of a process that dies, below; its
-# launches that end where one process ends: tests/native/torch/test_ddp.py).
-ENGINES = rows(["torch", "jax", "tensorflow"], fast=["jax", "tensorflow"])
+# make test: JAX, whose launch, fit under Keras's distribution and sharded walk-forward make every kind of row the
+# report has. The other engines' launches through this command: torch's DDP in the test of a process that dies,
+# below; each launcher's own runs that end where one process ends (DDP, MirroredStrategy, fit under the strategy):
+# tests/native/torch/test_ddp.py, tests/native/tensorflow/test_mirrored.py; `make test-full` runs all three here.
+ENGINES = rows(["torch", "jax", "tensorflow"], fast=["jax"])
 
 
 def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
@@ -24,7 +26,8 @@ def test_two_processes_end_where_one_ends_on_each_engine(tmp_path, capsys):
                      str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 0, report
-    assert set(report["engines"]) == {*ENGINES, "keras-jax", "keras-tensorflow", "walk-forward"}
+    fit = {f"keras-{e}" for e in ENGINES if e != "torch"}  # Keras 3.15.1 has no keras.distribution for torch
+    assert set(report["engines"]) == {*ENGINES, *fit, "walk-forward"}
     assert report["processes"] == 2
     assert report["engines"]["keras-jax"]["training_rows"] == 2176  # 17 whole batches of 128: each splits over 2
     assert not report["incomplete"]
