@@ -15,9 +15,10 @@ from tests.tiers import rows
 
 
 # make test: JAX, whose launch, fit under Keras's distribution and sharded walk-forward make every kind of row the
-# report has. The other engines' launches through this command: torch's DDP in the test of a process that dies,
-# below; each launcher's own runs that end where one process ends (DDP, MirroredStrategy, fit under the strategy):
-# tests/native/torch/test_ddp.py, tests/native/tensorflow/test_mirrored.py; `make test-full` runs all three here.
+# report has. Through this command make test also launches torch's DDP (the test of a process that dies, below), not
+# TensorFlow's MirroredStrategy; each launcher's own runs that end where one process ends (DDP, MirroredStrategy, fit
+# under the strategy): tests/native/torch/test_ddp.py, tests/native/tensorflow/test_mirrored.py. make test-full runs
+# all three engines here.
 ENGINES = rows(["torch", "jax", "tensorflow"], fast=["jax"])
 
 
