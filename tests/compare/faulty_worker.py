@@ -25,7 +25,7 @@ if __name__ == "__main__":
         sys.exit(1)
     if sys.argv[1:] == ["wrong-gradients"]:
         worker.HANDLERS["gradients"] = wrong_gradients
-    if sys.argv[1:] == ["killed-on-torch"] and worker.ENGINE == "torch":
+    if sys.argv[1:] == [f"killed-on-{worker.ENGINE}"]:
         worker.HANDLERS["gradients"] = lambda request, send: os.kill(os.getpid(), signal.SIGKILL)
     if sys.argv[1:] == ["chatty"]:
         print("an engine's banner, printed to stdout before the protocol starts", flush=True)

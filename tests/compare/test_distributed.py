@@ -69,6 +69,11 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert list(tmp_path.iterdir()) == []
 
 
+# make test: JAX's launcher. torchrun's summary is read by the test of it below (every way its ranks end), and a rank
+# that dies is torch's own test (tests/native/torch/test_ddp.py); make test-full launches torch here too.
+DYING = rows(["torch", "jax"], fast=["jax"])
+
+
 def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch):
     """The second process (rank) dies while building the model: the run exits 3, each engine's line names the
     process that failed and how (torchrun's root cause; the JAX launcher's own line), and the launch's output stays
@@ -80,15 +85,17 @@ def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch)
 
     monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:dies_in_the_second_process"))
     monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
-    code = cli.main(["distributed", "--engines", "torch,jax", "--epochs", "1", "--no-fit", "--out",
+    code = cli.main(["distributed", "--engines", ",".join(DYING), "--epochs", "1", "--no-fit", "--out",
                      str(tmp_path / "run")])  # fit's launch is one process: the planted fault never fires there
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
-    assert code == 3 and set(report["incomplete"]) == {"torch", "jax"}, report
-    assert report["incomplete"]["torch"].startswith("2 processes failed (exit 1): torchrun saw rank 1 (exit code 3)")
-    assert "jax.distributed: 1 of 2 failed (process 1: exit code 3)" in report["incomplete"]["jax"]
-    for engine, logged in (("torch", "Root Cause (first observed failure)"), ("jax", "--- process 1 (exit 3)")):
+    assert code == 3 and set(report["incomplete"]) == set(DYING), report
+    said = {"torch": "2 processes failed (exit 1): torchrun saw rank 1 (exit code 3)",
+            "jax": "jax.distributed: 1 of 2 failed (process 1: exit code 3)"}
+    logged = {"torch": "Root Cause (first observed failure)", "jax": "--- process 1 (exit 3)"}
+    for engine in DYING:
+        assert said[engine] in report["incomplete"][engine]
         assert f"output: {engine}-2.log in the run folder" in report["incomplete"][engine]
-        assert logged in (tmp_path / "run" / f"{engine}-2.log").read_text()
+        assert logged[engine] in (tmp_path / "run" / f"{engine}-2.log").read_text()
 
 
 def test_a_fit_that_fails_in_the_worker_is_named_and_the_native_check_still_runs(tmp_path, monkeypatch):

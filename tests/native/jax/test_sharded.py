@@ -83,7 +83,9 @@ def test_two_processes_end_where_one_ends(har, tmp_path):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("build", ["dies_in_the_second_process", "dies_mid_run"])
+# make test: mid-run, where process 0 waits for the dead one in a collective; one that dies while building the model
+# is `native-loops distributed`'s test of it (tests/compare/test_distributed.py), and make test-full's here.
+@pytest.mark.parametrize("build", rows(["dies_in_the_second_process", "dies_mid_run"], fast=["dies_mid_run"]))
 def test_a_process_that_dies_ends_the_run_and_writes_nothing(har, tmp_path, build):
     """Process 1 dies while building the model, or at its 5th step while process 0 waits for it in a collective:
     the launcher stops process 0 at once, and no process of the run is left."""

@@ -101,7 +101,9 @@ def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(pane
         np.testing.assert_allclose(a.numpy(), w.numpy(), rtol=PARITY_RTOL, atol=PARITY_ATOL)
 
 
-@pytest.mark.parametrize("build", ["dies_in_the_second_process", "dies_mid_run"])
+# make test: mid-run, where rank 0 waits for the dead rank in an all-reduce; one that dies while building the model:
+# make test-full, here and through `native-loops distributed` (tests/compare/test_distributed.py).
+@pytest.mark.parametrize("build", rows(["dies_in_the_second_process", "dies_mid_run"], fast=["dies_mid_run"]))
 def test_a_rank_that_dies_ends_the_launch_and_writes_nothing(har, tmp_path, build):
     """Rank 1 dies while building the model, or at its 5th step while rank 0 waits for it in an all-reduce:
     torchrun stops rank 0, names the failed rank, and no process of the launch is left."""
