@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.errors import NativeLoopsError
+from keras_side.config import finite_or_null
 
 
 @contextmanager
@@ -60,21 +61,9 @@ def _temp_beside(path: Path) -> Path:
 
 
 def write_json(path: str | Path, obj) -> None:
-    """`obj` as standard JSON, which has no NaN or infinity: such a number (a diverged loss, a gap between NaN
-    weights) is written as null, where Python's `json` would write `NaN`, which other readers (`jq`, a browser)
-    refuse."""
+    """`obj` as standard JSON: a number that is not finite is written as null (`keras_side.config.finite_or_null`)."""
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(_finite_or_null(obj), indent=2, allow_nan=False) + "\n")
-
-
-def _finite_or_null(obj):
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_null(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_null(v) for v in obj]
-    return obj
+        tmp.write_text(json.dumps(finite_or_null(obj), indent=2, allow_nan=False) + "\n")
 
 
 @contextmanager

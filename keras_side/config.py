@@ -145,6 +145,19 @@ def first_nonfinite_row(a: np.ndarray) -> int | None:
     return int(np.argmax(~np.isfinite(a.reshape(len(a), -1)).all(axis=1)))
 
 
+def finite_or_null(obj):
+    """`obj` (dicts, lists, tuples, numbers) for standard JSON, which has no NaN or infinity: such a number (a
+    diverged loss, a gap between NaN weights) becomes None (null), where Python's `json` would write `NaN`, which
+    other readers (`jq`, a browser) refuse."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
+
+
 def as_tuple(a) -> tuple:
     """A tuple (or list) of arrays as a tuple, one array as a tuple of one."""
     return tuple(a) if isinstance(a, (tuple, list)) else (a,)

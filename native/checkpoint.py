@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.config import as_tuple, interrupts_held, versions
+from keras_side.config import as_tuple, finite_or_null, interrupts_held, versions
 from keras_side.spec import SpecError, TrainConfig
 
 FORMAT = 1
@@ -170,7 +170,7 @@ class Checkpoints:
     def curves(self) -> dict:
         """The per-epoch curves of the epochs already done (loss, val_loss and the metrics' history), as the loop
         keeps them: a fresh copy, which the loop appends to."""
-        return json.loads(json.dumps(self.saved.state["curves"])) if self.saved else fresh_curves()
+        return _nan_for_null(self.saved.state["curves"]) if self.saved else fresh_curves()
 
     def restore(self, read) -> None:
         """`read(folder)` the engine's files of the saved epoch; any failure there is a damaged checkpoint."""
@@ -194,7 +194,7 @@ class Checkpoints:
             write_engine(tmp / "engine")
             state = {"format": FORMAT, "epoch": epoch, **self.identity, "curves": curves, "seed": self.cfg.seed,
                      "versions": versions()}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            (tmp / "state.json").write_text(json.dumps(finite_or_null(state), indent=1, allow_nan=False))
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             why = _disk_failure(err)
@@ -230,13 +230,23 @@ def _disk_failure(err: BaseException) -> str | None:
 def _curves_of(curves, epochs: int) -> bool:
     """Whether `curves` are a run's after `epochs` epochs: a loss per epoch, and a validation loss per epoch or none
     (the metrics' values are each loop's own form)."""
-    def numbers(values, counts):
+    def numbers(values, counts):  # null: a loss that was not finite (a diverged epoch)
         return isinstance(values, list) and len(values) in counts and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
     return isinstance(curves, dict) and numbers(curves.get("loss"), (epochs,)) and numbers(
         curves.get("val_loss"), (0, epochs)) and all(isinstance(curves.get(k, []), (list, dict))
                                                      for k in ("metrics", "val_metrics"))
+
+
+# state.json is standard JSON: a diverged epoch's loss is written as null (`finite_or_null`) and read back as NaN.
+def _nan_for_null(curves):
+    """A fresh copy of saved curves, which the loop appends to, with NaN for each null."""
+    if isinstance(curves, dict):
+        return {k: _nan_for_null(v) for k, v in curves.items()}
+    if isinstance(curves, list):
+        return [float("nan") if v is None else _nan_for_null(v) for v in curves]
+    return curves
 
 
 def fresh_curves() -> dict:

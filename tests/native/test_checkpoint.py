@@ -81,6 +81,31 @@ def test_a_run_resumed_where_its_layers_are_named_otherwise_ends_where_it_would_
     assert resumed.train_loss == whole.train_loss
 
 
+def test_a_diverged_runs_checkpoint_is_standard_json_and_resumes_where_the_run_would_have(har, tmp_path):
+    """A learning rate that blows the weights up: each epoch's loss is NaN, which state.json holds as null (Python's
+    `json` wrote NaN, which `jq` and other readers refuse) and a resumed run reads back as NaN, so its curves and
+    weights are the uninterrupted run's."""
+    cfg = CFG.replace(learning_rate=1e30, epochs=3)
+    seed_everything(cfg.seed)
+    whole = PATH.train(stateful_mlp(), har, cfg)
+    assert np.isnan(whole.train_loss).all()  # what the test is about: no finite loss to write
+    seed_everything(cfg.seed)
+    PATH.train(stateful_mlp(), har, cfg.replace(epochs=2), checkpoint=tmp_path / "c")
+    [(_, folder)] = completed(tmp_path / "c")
+
+    def refuse(constant):
+        raise AssertionError(f"state.json holds {constant}, which standard JSON has not")
+
+    state = json.loads((folder / "state.json").read_text(), parse_constant=refuse)
+    assert state["curves"]["loss"] == [None, None]
+    seed_everything(cfg.seed)
+    resumed = PATH.train(stateful_mlp(), har, cfg, checkpoint=tmp_path / "c", resume=True)
+    np.testing.assert_array_equal(resumed.train_loss, whole.train_loss)  # NaN where NaN
+    np.testing.assert_array_equal(resumed.val_loss, whole.val_loss)
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_portable_weights_are_the_models(har, tmp_path):
     """Each checkpoint has the Keras `.weights.h5` any engine's model loads: the trained weights."""
     result = train(har, checkpoint=tmp_path / "c")
