@@ -38,10 +38,15 @@ detected. `train` and `fit_train` apply it.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+
+# Before TensorFlow's import, as in every process of ours (keras_side.backend): its start-up chatter buried this
+# launcher's own lines when run by hand, `--help` included.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np

@@ -279,3 +279,13 @@ def test_the_cpu_cannot_be_split_once_tensorflow_runs():
 def test_clipping_is_refused(har):
     with pytest.raises(SpecError, match="clips each replica's gradient"):
         mirrored.train(resolve("keras_side.models:har"), har, TrainConfig(clipnorm=1.0), ["/cpu:0"])
+
+
+def test_the_launchers_help_is_its_own_lines_alone():
+    """Run by hand, with no TF_CPP_MIN_LOG_LEVEL of ours: `--help` prints the usage and nothing of TensorFlow's
+    start-up (its CPU-feature and absl lines came first on stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "native.tensorflow.mirrored", "--help"], capture_output=True,
+                          text=True, env=env | {"KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m native.tensorflow.mirrored")
+    assert proc.stderr == ""
