@@ -44,10 +44,37 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from keras_side.spec import TrainConfig
+from native import preflight  # engine-free, as is everything above
+
+
+def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig]:
+    """The launcher's options and the training spec they give, checked (`SystemExit(2)` after one line if not).
+    Engine-free: run by hand, `--help` and a mistake are answered before TensorFlow's import."""
+    parser = argparse.ArgumentParser(prog="python -m native.tensorflow.mirrored", description=(
+        "Train the model of --build (the HAR by default) on --replicas logical CPUs of this one process; write the "
+        "weights (and the training seconds) to --out."))
+    parser.add_argument("--replicas", type=int, default=2, help="replicas, one logical CPU each (default: 2)")
+    parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
+    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
+    parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
+    parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
+    parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
+    args = parser.parse_args(argv)
+    try:  # what the user gave, before TensorFlow's runtime starts
+        return args, preflight.launch_args(args, count=args.replicas, what="replicas")
+    except preflight.LaunchError as err:
+        raise SystemExit(preflight.one_line(parser.prog, err)) from None
+
+
+if __name__ == "__main__":  # the command line first: TensorFlow's import prints lines no setting silences everywhere
+    COMMAND_LINE = command_line()  # (on a CPU where oneDNN's custom ops are on, absl logs one before it reads any)
+
 # Before TensorFlow's import, as in every process of ours (keras_side.backend): its start-up chatter buried this
-# launcher's own lines when run by hand, `--help` included.
+# launcher's own lines when run by hand.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# The imports that start TensorFlow, after the command line.
 import keras
 import numpy as np
 import tensorflow as tf
@@ -56,8 +83,7 @@ from keras.src.backend.tensorflow import random as keras_tf_random
 from keras_side import cores, swap
 from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
-from keras_side.spec import SpecError, TrainConfig, check_labels, keras_loss, keras_optimizer
-from native import preflight
+from keras_side.spec import SpecError, check_labels, keras_loss, keras_optimizer
 
 
 def use_cpus(replicas: int) -> list[str]:
@@ -238,20 +264,8 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
 
 
 def main(argv=None) -> int:
-    """Train the model of --build (the HAR by default) on --replicas logical CPUs of this one process; write the
-    weights (and the training seconds) to --out."""
-    parser = argparse.ArgumentParser(prog="python -m native.tensorflow.mirrored", description=main.__doc__)
-    parser.add_argument("--replicas", type=int, default=2, help="replicas, one logical CPU each (default: 2)")
-    parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
-    parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
-    parser.add_argument("--build", default="keras_side.models:har", help="the model builder, module:function")
-    parser.add_argument("--out", required=True, help="where to write the trained weights (.npz)")
-    parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
-    args = parser.parse_args(argv)
-    try:  # what the user gave, before TensorFlow's runtime starts
-        cfg = preflight.launch_args(args, count=args.replicas, what="replicas")
-    except preflight.LaunchError as err:
-        return preflight.one_line(parser.prog, err)
+    """The command: train as `command_line` says; a mistake there exits 2 after one line."""
+    args, cfg = COMMAND_LINE if argv is None and __name__ == "__main__" else command_line(argv)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything

@@ -283,7 +283,8 @@ def test_clipping_is_refused(har):
 
 def test_the_launchers_help_is_its_own_lines_alone():
     """Run by hand, with no TF_CPP_MIN_LOG_LEVEL of ours: `--help` prints the usage and nothing of TensorFlow's
-    start-up (its CPU-feature and absl lines came first on stderr)."""
+    start-up (its CPU-feature and absl lines came first on stderr; on a CPU where oneDNN's custom ops are on, absl
+    logs one at import that no variable silences, so the command line is read before TensorFlow is imported)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([sys.executable, "-m", "native.tensorflow.mirrored", "--help"], capture_output=True,
                           text=True, env=env | {"KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)})
