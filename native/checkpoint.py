@@ -119,8 +119,7 @@ class Checkpoints:
                             "the checkpoint")
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
-        _check_writable(self.root)
-        listed = self.root.iterdir() if self.root.is_dir() else ()  # _check_writable removes a folder it made
+        listed = self.root.iterdir() if self.root.is_dir() else ()
         squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())
         if squatters:  # after the first epoch, its folder could not be renamed into place
             raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an epoch's "
@@ -132,6 +131,8 @@ class Checkpoints:
                                   "(--resume) to continue it, or give an empty folder")
         if found:
             self.saved = self._read(*found[-1])
+        if self.start < cfg.epochs:  # epochs left to save: a resumed run with none left only reads
+            _check_writable(self.root)
 
     def _read(self, epoch: int, folder: Path) -> Saved:
         try:

@@ -188,6 +188,30 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(h
     assert steps == [] and [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+def test_a_finished_run_resumes_from_a_folder_it_cannot_write(har, tmp_path, monkeypatch):
+    """Its last epoch is the run's: nothing is left to save, so a read-only folder (an archive, another user's) gives
+    the run's result; it was refused as unwritable. With epochs left, the same folder is refused before training."""
+    import tempfile
+
+    whole = train(har, checkpoint=tmp_path / "c")
+    before = snapshot(tmp_path / "c")
+
+    def refused(*args, **kwargs):  # as the folder answers a user without write permission (root has it everywhere)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    resumed = train(har, checkpoint=tmp_path / "c", resume=True)
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.train_loss == whole.train_loss and snapshot(tmp_path / "c") == before
+    steps = []
+    with pytest.raises(CheckpointError, match=r"cannot be written \(Permission denied\)"):
+        seed_everything(CFG.seed)
+        PATH.train(stateful_mlp(), har, CFG.replace(epochs=CFG.epochs + 1), checkpoint=tmp_path / "c", resume=True,
+                   on_step=lambda loss=None: steps.append(loss))
+    assert steps == [] and snapshot(tmp_path / "c") == before
+
+
 def test_a_file_named_as_an_epoch_is_refused_before_training(har, tmp_path):
     """After the first epoch the epoch's folder could not be renamed onto the file: a traceback, and the hidden
     temporary folder left behind."""
