@@ -263,9 +263,10 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
     return model.get_weights()
 
 
-def main(argv=None) -> int:
-    """The command: train as `command_line` says; a mistake there exits 2 after one line."""
-    args, cfg = COMMAND_LINE if argv is None and __name__ == "__main__" else command_line(argv)
+def main(argv=None, command=None) -> int:
+    """The command: train as `command_line(argv)` says (or `command`, its result when already read); a mistake there
+    exits 2 after one line."""
+    args, cfg = command or command_line(argv)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything
@@ -281,4 +282,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(command=COMMAND_LINE))
