@@ -26,7 +26,7 @@ from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, exists, write_json
 from keras_side.backend import keras_defaults, use_backend
 from keras_side.config import ENGINES, HarData, take, versions
-from keras_side.spec import TrainConfig
+from keras_side.spec import SEEDS, TrainConfig
 
 
 def load(args: argparse.Namespace, **seed):
@@ -47,11 +47,11 @@ def options(args: argparse.Namespace) -> dict:
 def check_seed(seed: int, after: int = 0) -> int:
     """--seed, and the `after` seeds a many-seed run trains after it (`seed_noise.seeds_of`): each one of NumPy's and
     JAX's seeds. Past 2**32 - 1 JAX's key wraps, so seed 2**32 + 1 would draw seed 1's batch orders again."""
-    if not 0 <= seed < 2**32:
+    if not 0 <= seed < SEEDS:
         raise NativeLoopsError(f"--seed must be an integer from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got {seed}")
-    if seed + after >= 2**32:
+    if seed + after >= SEEDS:
         raise NativeLoopsError(f"--seed {seed}: the {after:,} seeds this run trains after it go past 2**32 - 1 "
-                               f"(NumPy's and JAX's seeds); give --seed at most {2**32 - 1 - after:,}")
+                               f"(NumPy's and JAX's seeds); give --seed at most {SEEDS - 1 - after:,}")
     return seed
 
 

@@ -58,6 +58,12 @@ KERAS_ADAMW_DECAY = 0.004  # keras.optimizers.AdamW's default weight_decay (torc
 FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+# NumPy's seeds (`np.random.seed`, which `keras.utils.set_random_seed` calls) are 0 to 2**32 - 1, and past that JAX's
+# key wraps (seed 2**32 + 1 would draw seed 1's batch orders): one range for the spec (every loop, training parity)
+# and the CLI.
+SEEDS = 2**32
+
+
 class SpecError(ValueError):
     """A training spec that cannot be honoured; the message names the field and the fix."""
 
@@ -187,8 +193,8 @@ def _problems(c: TrainConfig):
     whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (c.epochs, c.batch_size))
     if not whole or c.epochs < 1 or c.batch_size < 1:
         yield f"epochs and batch_size must be whole numbers >= 1, got {c.epochs!r} and {c.batch_size!r}"
-    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or c.seed < 0:  # its message named only the others
-        yield f"seed must be a whole number >= 0, got {c.seed!r}"
+    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < SEEDS:  # was NumPy's ValueError
+        yield f"seed must be a whole number from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got {c.seed!r}"
     if c.batch_order not in ("engine", "numpy"):
         yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
     if c.flavour not in ("exact", "engine"):

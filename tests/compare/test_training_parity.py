@@ -189,7 +189,9 @@ def test_batchnorm_state_that_is_not_threaded_is_named(loop_parity):
      "spec: 'optimiser' is not a field of the training spec \\(did you mean 'optimizer'\\?\\); its fields: "),
     (lambda t, lp: t(parity_models.har, X, Y, spec={"optimizer": "lion"}), "spec: unknown optimizer 'lion'"),
     (lambda t, lp: t(parity_models.har, X, Y, paths=["fit", "native-engine"]), "tensorflow has no optimizers but"),
-    (lambda t, lp: t(parity_models.har, X, Y, seed=1.5), "spec: seed must be a whole number >= 0, got 1.5"),
+    (lambda t, lp: t(parity_models.har, X, Y, seed=1.5), "spec: seed must be a whole number from 0 to 2\\*\\*32 - 1 "
+                                                         "\\(NumPy's and JAX's seeds\\), got 1.5"),
+    (lambda t, lp: t(parity_models.har, X, Y, seed=2**32), "spec: seed must be a whole number from 0 to 2\\*\\*32 - 1"),
     # it passed, having compared nothing
     (lambda t, lp: t(parity_models.har, X, Y, engines="torch", paths="fit"), "one path on one engine \\(torch/fit\\) "
                                                                              "has nothing to compare with"),

@@ -31,6 +31,8 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(beta_1=1.5), "beta_1 must be in [0, 1)"),
     (dict(clipnorm=float("nan")), "clipnorm must be a positive number"),
     (dict(epochs=2.5), "epochs and batch_size must be whole numbers"),
+    (dict(seed=-1), "seed must be a whole number from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got -1"),
+    (dict(seed=2**32), "seed must be a whole number from 0 to 2**32 - 1"),  # was NumPy's ValueError, mid-training
     (dict(flavour="fast"), "flavour must be 'exact' or 'engine'"),
     (dict(patience=0), "early stopping needs patience >= 1 and validate=True"),
     (dict(patience=2, validate=False), "early stopping needs patience >= 1 and validate=True"),
