@@ -12,8 +12,8 @@ import keras
 from keras_side.config import (HarData, Result, batch_slices, compile_apart, keras_inputs, numpy_orders,
                                output_arrays, take)
 from keras_side.models import ensure_built
-from keras_side.spec import (SpecError, TrainConfig, check_labels, check_outputs, keras_loss, keras_metrics,
-                             keras_optimizer, training_loss)
+from keras_side.spec import (SpecError, TrainConfig, check_data, keras_loss, keras_metrics, keras_optimizer,
+                             training_loss)
 
 VALIDATION_BATCH = 8192
 
@@ -90,8 +90,7 @@ def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None,
     if model.compiled:
         raise SpecError(f"model {model.name!r} is already compiled; this path compiles it from the TrainConfig, so "
                         "pass an uncompiled model (or call model.fit yourself to keep your compile)")
-    check_outputs(cfg, data.outputs)
-    check_labels(cfg, data, ensure_built(model, data.x_train))  # built, as the native loops check it: its widths
+    check_data(cfg, data, ensure_built(model, data.x_train))  # built, as the native loops check it: its widths
     model.compile(optimizer=keras_optimizer(cfg), loss=keras_loss(cfg), metrics=keras_metrics(cfg),
                   loss_weights=None if cfg.loss_weights is None else list(cfg.loss_weights))
     validation = (keras_inputs(data.x_val), keras_inputs(data.y_val)) if cfg.validate else None

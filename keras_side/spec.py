@@ -436,6 +436,14 @@ def check_outputs(cfg: TrainConfig, targets: int) -> None:
                         + (f"loss as a tuple of {targets} losses" if targets > 1 else "one loss"))
 
 
+def check_data(cfg: TrainConfig, data, model) -> None:
+    """What every path checks before it trains, a `SpecError` naming the fix: one loss per target, one output of the
+    (built) model per target, and class labels its loss can take."""
+    check_outputs(cfg, data.outputs)
+    check_model_outputs(model, data.outputs)
+    check_labels(cfg, data, model)
+
+
 def check_model_outputs(model, targets: int) -> None:
     """A `SpecError` unless a Sequential or Functional model has one output per target (a subclassed model's outputs
     are not known before it is called: its loss says it then)."""

@@ -28,8 +28,8 @@ import optax
 from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, output_arrays, verb_arrays
 from keras_side.models import ensure_built
-from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
-                              keras_metrics, verb_loss, training_loss)
+from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_data, keras_metrics, verb_loss,
+                              training_loss)
 from native.checkpoint import Checkpoints
 from native.jax import checkpoint as jax_checkpoint
 from native.jax import convolution
@@ -136,10 +136,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, driver: str = "loop", progr
     if checkpoint is not None and driver == "scan":
         raise SpecError("the fused scan runs every epoch in one call, so no epoch ends where a checkpoint could be "
                         "written; use driver='loop' with checkpoint")
-    check_outputs(cfg, data.outputs)
-    ensure_built(model, data.x_train)
-    check_model_outputs(model, data.outputs)
-    check_labels(cfg, data, model)
+    check_data(cfg, data, ensure_built(model, data.x_train))
     optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
     state = init_state(model, optimizer, metrics)
     saved = Checkpoints(checkpoint, model, data, cfg, "jax", "jax-native", resume=resume) if checkpoint else None

@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import HarData, keras_inputs, output_arrays
 from keras_side.initial import InitialWeights
-from keras_side.spec import TrainConfig, check_labels, check_outputs, keras_metrics, training_loss
+from keras_side.spec import TrainConfig, check_data, keras_metrics, training_loss
 from native.jax import convolution, loop, optim
 
 
@@ -206,8 +206,7 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     keeps it in the model's optimizer state). Returns the trained `trainable` and `non_trainable` (stacked), each
     model's validation loss after the last epoch `val_loss` (models,), `seconds` and `compile_seconds`.
     """
-    check_outputs(cfg, data.outputs)
-    check_labels(cfg, data, model)
+    check_data(cfg, data, model)
     if learning_rates is None:
         optimizer = optim.build(cfg)
     else:

@@ -19,8 +19,8 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, output_arrays, verb_arrays
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built
-from keras_side.spec import (TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
-                              keras_optimizer, state_kept, verb_loss, training_loss)
+from keras_side.spec import (TrainConfig, as_fit_shapes, check_data, keras_optimizer, state_kept, verb_loss,
+                              training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.tensorflow import checkpoint as tf_checkpoint
 
@@ -87,10 +87,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     `on_step(loss)` is called after every optimizer step with the step's batch loss (the training-parity check reads
     the weights there). `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the
     optimizer with `tf.train.Checkpoint`); `resume=True` goes on from the last one there."""
-    check_outputs(cfg, data.outputs)
-    ensure_built(model, data.x_train)
-    check_model_outputs(model, data.outputs)
-    check_labels(cfg, data, model)
+    check_data(cfg, data, ensure_built(model, data.x_train))
     optimizer, loss_fn, metrics = keras_optimizer(cfg), training_loss(cfg), EpochMetrics(cfg)
     optimizer.build(model.trainable_variables)
     saved = Checkpoints(checkpoint, model, data, cfg, "tensorflow", "tensorflow-native", resume=resume) \

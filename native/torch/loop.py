@@ -43,8 +43,8 @@ from keras_side.config import (HarData, Result, as_tuple, batch_slices, compile_
                                take, verb_arrays)
 from keras_side.metrics import EpochMetrics
 from keras_side.models import drawing_layers, ensure_built
-from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_labels, check_model_outputs, check_outputs,
-                              keras_loss, state_kept, verb_loss, training_loss)
+from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_data, keras_loss, state_kept, verb_loss,
+                              training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
@@ -493,10 +493,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler
     with `torch.save`); `resume=True` goes on from the last one there."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
-    check_outputs(cfg, data.outputs)
-    ensure_built(model, data.x_train)
-    check_model_outputs(model, data.outputs)
-    check_labels(cfg, data, model)
+    check_data(cfg, data, ensure_built(model, data.x_train))
     device = next(model.parameters()).device
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]

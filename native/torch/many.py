@@ -31,7 +31,7 @@ import torch
 from torch.optim.adam import adam as functional_adam
 
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, output_arrays, take
-from keras_side.spec import SpecError, TrainConfig, check_labels, check_outputs
+from keras_side.spec import SpecError, TrainConfig, check_data
 from native.torch import loop, optim
 
 
@@ -174,8 +174,7 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     (stacked, NumPy), each model's validation loss after the last epoch `val_loss` (models,), `seconds` and
     `compile_seconds` (None: nothing compiles).
     """
-    check_outputs(cfg, data.outputs)
-    check_labels(cfg, data, model)
+    check_data(cfg, data, model)
     check_separable(model, cfg)
     orders = torch.as_tensor(orders)
     n_models = len(orders)

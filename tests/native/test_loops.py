@@ -458,6 +458,8 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
     one_target = dataclasses.replace(data, y_train=data.y_train[0], y_val=data.y_val[0], y_test=data.y_test[0])
     with pytest.raises(SpecError, match="the model has 2 outputs but the data has 1 target"):  # was an internal error
         loop.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
+    with pytest.raises(SpecError, match="the model has 2 outputs but the data has 1 target"):  # fit's check is ours
+        fit.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
 
 
 @pytest.mark.parametrize("build", [models.har, models.mlp_functional])
