@@ -2,7 +2,7 @@
 `native/tensorflow/mirrored.py`, each rank of `native/torch/ddp.py`), so that a mistake in what a user gave it is
 one line and exit 2, as in `native-loops`, not a traceback from every process:
 
-    cfg = preflight.launch_args(args, count=args.processes, what="processes")   # a LaunchError names the fix
+    cfg, data = preflight.launch_args(args, count=args.processes, what="processes")   # a LaunchError names the fix
 
 Engine-free: nothing here imports Keras or an engine, and the builder's module is found, not imported (a launcher
 that has not set its backend yet must not import Keras).
@@ -28,9 +28,11 @@ class LaunchError(ValueError):
     """A launcher's argument that cannot work; the message names it and the fix."""
 
 
-def launch_args(args, *, count: int | None = None, what: str = "processes", windows: bool = False) -> TrainConfig:
-    """The spec of --config, once --config, --data, --build, --out and the `count` of processes (or replicas,
-    `what`) have been found usable; else a LaunchError. `windows`: --data holds the walk-forward's windows."""
+def launch_args(args, *, count: int | None = None, what: str = "processes",
+                windows: bool = False) -> tuple[TrainConfig, HarData | dict]:
+    """The spec of --config and what --data holds (a HarData, or with `windows` the walk-forward's windows as a dict
+    of arrays), once --config, --data, --build, --out and the `count` of processes (or replicas, `what`) have been
+    found usable; else a LaunchError."""
     if count is not None and not 1 <= count <= (os.cpu_count() or 1):
         raise LaunchError(f"--{what} must be between 1 and this machine's {os.cpu_count() or 1} cores, got {count}")
     try:
@@ -44,7 +46,7 @@ def launch_args(args, *, count: int | None = None, what: str = "processes", wind
         cfg = data_parallel_config(args.config)
     except SpecError as err:
         raise LaunchError(f"--config: {err}") from None
-    _check_data(Path(args.data), windows)
+    data = _load_data(Path(args.data), windows)
     module, _, function = args.build.partition(":")
     try:
         found = bool(module and function) and importlib.util.find_spec(module) is not None
@@ -56,10 +58,10 @@ def launch_args(args, *, count: int | None = None, what: str = "processes", wind
     out = Path(args.out)
     if not out.parent.is_dir():
         raise LaunchError(f"--out {args.out!r}: its folder {out.parent} does not exist; create it, or give another")
-    return cfg
+    return cfg, data
 
 
-def _check_data(path: Path, windows: bool) -> None:
+def _load_data(path: Path, windows: bool) -> HarData | dict:
     wanted = "the walk-forward's windows (x, y, rows, x_next)" if windows else "a HarData file (HarData.save)"
     if not path.is_file():
         raise LaunchError(f"--data {str(path)!r} is not a file; give {wanted}")
@@ -67,12 +69,16 @@ def _check_data(path: Path, windows: bool) -> None:
         if windows:
             with np.load(path) as z:
                 missing = [k for k in WINDOWS if k not in z.files]
-            if missing:
-                raise KeyError(", ".join(missing))
-        else:
-            HarData.load(path)
+                if missing:
+                    raise KeyError(", ".join(missing))
+                return dict(z)
+        data = HarData.load(path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
         raise LaunchError(f"--data {str(path)!r} is not {wanted} ({type(err).__name__}: {err})") from None
+    if data.w_train is not None:  # each loop refuses them too, but from every process, with a traceback
+        raise LaunchError(f"--data {str(path)!r} holds sample weights, which the data-parallel loops do not take; "
+                          "save it without them")
+    return data
 
 
 def one_line(prog: str, err: LaunchError) -> int:

@@ -107,12 +107,20 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
     return model.get_weights()
 
 
+PROG = "python -m native.jax.sharded"
+
+
 def _process(args) -> int:
     """One process of a `--processes N` run: join the others, train, and (process 0) write the weights. A failure
-    ends the process at once, with its traceback: `jax.distributed`'s shutdown would wait for the others first."""
+    ends the process at once, with its traceback (a spec the loop refuses: one line, exit 2): `jax.distributed`'s
+    shutdown would wait for the others first."""
     try:
         cores.pin_launched(args.process_id)  # its own core, where the launcher names them
         return _work(args)
+    except SpecError as err:  # what only training finds (labels the loss cannot take): a line, as a usage error
+        preflight.one_line(f"{PROG} (process {args.process_id})", err)
+        sys.stderr.flush()
+        os._exit(2)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
@@ -189,7 +197,7 @@ def _steps(path: Path) -> int:
         return 0
 
 
-def _fit(args) -> int:
+def _fit(args, cfg: TrainConfig, data: HarData) -> int:
     """`fit` under DataParallel over this process's devices (one: plain fit); the weights and seconds to --out.
     With --devices, exactly that many or an error: a run that sees one device would be plain fit, passing a
     data-parallel check that tested nothing."""
@@ -202,8 +210,6 @@ def _fit(args) -> int:
                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
                          f"={args.devices} before JAX starts")
 
-    data = HarData.load(Path(args.data))
-    cfg = data_parallel_config(args.config)
     seed_everything(cfg.seed)
     start = time.perf_counter()
     weights = fit_train(resolve(args.build), data, cfg)
@@ -258,6 +264,8 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                     proc.kill()
                 proc.wait()
         chosen = failed or procs[0]
+        if all(p.returncode == 2 for p in procs):  # the spec, refused alike by every process: its line, once
+            return subprocess.CompletedProcess(chosen.args, 2, "", (logs / "0.log").read_text())
         text = "".join(f"--- process {i} (exit {p.returncode})\n" + (logs / f"{i}.log").read_text()
                        for i, p in enumerate(procs))
         if quiet:
@@ -278,7 +286,7 @@ def _free_port() -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m native.jax.sharded", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=2, help="processes on this host (default: %(default)s)")
     parser.add_argument("--process-id", type=int, default=None, help="(set by the launcher) this process's index")
     parser.add_argument("--coordinator", default=None, help="(set by the launcher) host:port of process 0")
@@ -295,11 +303,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.process_id is None:  # what the user gave, before any process starts (a process is given what was checked)
         try:
-            preflight.launch_args(args, count=None if args.fit else args.processes, windows=args.walk_forward)
+            cfg, data = preflight.launch_args(args, count=None if args.fit else args.processes,
+                                              windows=args.walk_forward)
         except preflight.LaunchError as err:
             return preflight.one_line(parser.prog, err)
     if args.fit:
-        return _fit(args)
+        try:
+            return _fit(args, cfg, data)
+        except SpecError as err:  # what only training finds: batches that do not split over the devices...
+            return preflight.one_line(parser.prog, err)
     if args.process_id is not None:
         return _process(args)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # launch's cleanup stops the processes

@@ -42,16 +42,19 @@ import os
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 
+from keras_side.config import HarData
 from keras_side.spec import TrainConfig
 from native import preflight  # engine-free, as is everything above
 
 
-def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig]:
-    """The launcher's options and the training spec they give, checked (`SystemExit(2)` after one line if not).
-    Engine-free: run by hand, `--help` and a mistake are answered before TensorFlow's import."""
-    parser = argparse.ArgumentParser(prog="python -m native.tensorflow.mirrored", description=(
+PROG = "python -m native.tensorflow.mirrored"
+
+
+def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig, HarData]:
+    """The launcher's options, and the training spec and the data they give, checked (`SystemExit(2)` after one line
+    if not). Engine-free: run by hand, `--help` and a mistake are answered before TensorFlow's import."""
+    parser = argparse.ArgumentParser(prog=PROG, description=(
         "Train the model of --build (the HAR by default) on --replicas logical CPUs of this one process; write the "
         "weights (and the training seconds) to --out."))
     parser.add_argument("--replicas", type=int, default=2, help="replicas, one logical CPU each (default: 2)")
@@ -62,7 +65,7 @@ def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig]:
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
     try:  # what the user gave, before TensorFlow's runtime starts
-        return args, preflight.launch_args(args, count=args.replicas, what="replicas")
+        return args, *preflight.launch_args(args, count=args.replicas, what="replicas")
     except preflight.LaunchError as err:
         raise SystemExit(preflight.one_line(parser.prog, err)) from None
 
@@ -81,7 +84,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import random as keras_tf_random
 
 from keras_side import cores, swap
-from keras_side.config import HarData, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.config import batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
 from keras_side.spec import SpecError, check_labels, keras_loss, keras_optimizer
 
@@ -266,16 +269,18 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
 def main(argv=None, command=None) -> int:
     """The command: train as `command_line(argv)` says (or `command`, its result when already read); a mistake there
     exits 2 after one line."""
-    args, cfg = command or command_line(argv)
+    args, cfg, data = command or command_line(argv)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 
-    data = HarData.load(Path(args.data))
     seed_everything(cfg.seed)
     start = time.perf_counter()
-    weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
+    try:
+        weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
+    except SpecError as err:  # what only training finds (a clip Keras would apply per replica...): one line
+        return preflight.one_line(PROG, err)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up
     save_trained(args.out, weights, seconds, [cores.cores_in_use()], seed=cfg.seed)
     return 0

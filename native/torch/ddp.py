@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="where rank 0 writes the trained weights (.npz)")
     args = parser.parse_args(argv)
     try:  # what the user gave, before this rank joins the others (torchrun then reports the rank's exit)
-        cfg = preflight.launch_args(args)
+        cfg, data = preflight.launch_args(args)
     except preflight.LaunchError as err:
         return preflight.one_line(parser.prog, err)
     cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
@@ -224,11 +224,13 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
-        data = HarData.load(Path(args.data))
         seed_everything(cfg.seed)
         model = ensure_built(resolve(args.build)(), data.x_train)
         start = time.perf_counter()
-        weights = train(model, data, cfg)
+        try:
+            weights = train(model, data, cfg)
+        except SpecError as err:  # what only training finds (a layer no rank can draw for): one line from the rank
+            return preflight.one_line(parser.prog, err)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join
         cpus = [None] * dist.get_world_size()
         dist.all_gather_object(cpus, cores.cores_in_use())  # the cores each rank could compute on

@@ -1,6 +1,7 @@
 """`native-loops distributed`: two processes per engine (torch DDP, JAX sharded over jax.distributed; two
 MirroredStrategy replicas on TensorFlow) against one, and `fit` under Keras's distribution on two devices (JAX,
 TensorFlow) against plain `fit`, on a short run; bad options are one line, exit 2, nothing written."""
+import dataclasses
 import json
 
 import numpy as np
@@ -368,6 +369,8 @@ LAUNCH_CASES = [
     (dict(config='{"epochs": "two"}'), "--config: epochs and batch_size must be whole numbers"),
     (dict(data="missing.npz"), "--data '{tmp}/missing.npz' is not a file; give a HarData file (HarData.save)"),
     (dict(data="windows.npz"), "--data '{tmp}/windows.npz' is not a HarData file (HarData.save) (KeyError: "),
+    (dict(data="weighted.npz"), "--data '{tmp}/weighted.npz' holds sample weights, which the data-parallel loops do "
+                                "not take; save it without them"),
     (dict(windows=True), "--data '{tmp}/data.npz' is not the walk-forward's windows (x, y, rows, x_next) (KeyError: "
                          "'x, y, rows, x_next')"),
     (dict(build="nope:nothing"), "--build 'nope:nothing': give module:function, the module importable from here"),
@@ -391,6 +394,7 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     from native import preflight
 
     har.save(tmp_path / "data.npz")
+    dataclasses.replace(har, w_train=np.ones(har.n_train, np.float32)).save(tmp_path / "weighted.npz")
     np.savez(tmp_path / "windows.npz", x=np.zeros(1))
     given = {"config": "{}", "data": "data.npz", "build": "keras_side.models:har", "out": "w.npz"} | change
     args = argparse.Namespace(**{k: v if k in ("config", "build") else str(tmp_path / v) for k, v in given.items()
@@ -398,9 +402,45 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     with pytest.raises(preflight.LaunchError) as err:
         preflight.launch_args(args, count=change.get("count", 2), windows=change.get("windows", False))
     assert message.replace("{tmp}", str(tmp_path)) in str(err.value)
-    cfg = preflight.launch_args(argparse.Namespace(config='{"epochs": 3}', data=str(tmp_path / "data.npz"),
-                                                   build="keras_side.models:har", out=str(tmp_path / "w.npz")))
+    cfg, data = preflight.launch_args(argparse.Namespace(config='{"epochs": 3}', data=str(tmp_path / "data.npz"),
+                                                         build="keras_side.models:har", out=str(tmp_path / "w.npz")))
     assert cfg.epochs == 3 and cfg.batch_order == "numpy"  # DATA_PARALLEL's, unless --config says otherwise
+    np.testing.assert_array_equal(data.x_train, har.x_train)  # what it checked, loaded once for the launcher
+
+
+@pytest.mark.parametrize("engine, command, config, message", [
+    # the HAR's training rows leave an odd last batch, which Keras's DataParallel cannot split over 2 devices
+    ("jax", ["-m", "native.jax.sharded", "--fit", "--devices", "2"], "{}", "rows does not split"),
+    ("jax", ["-m", "native.jax.sharded", "--processes", "2"], '{"loss": "sparse_categorical_crossentropy"}',
+     "which sparse_categorical_crossentropy cannot take"),
+    ("tensorflow", ["-m", "native.tensorflow.mirrored", "--replicas", "2"], '{"clipnorm": 1.0}',
+     "Keras clips each replica's gradient before the all-reduce"),
+    # a rank alone (a world of one), as torchrun starts it
+    ("torch", ["-m", "native.torch.ddp"], '{"loss": "sparse_categorical_crossentropy"}',
+     "which sparse_categorical_crossentropy cannot take"),
+])
+def test_a_mistake_only_training_finds_is_one_line_and_exit_2(har, tmp_path, engine, command, config, message):
+    """Each was a traceback (a SpecError's) from the launcher or the rank, after the launcher's own checks passed."""
+    import socket
+    import subprocess
+    import sys
+
+    from compare.engines import runner
+    from keras_side.backend import engine_environment
+
+    har.save(tmp_path / "data.npz")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = engine_environment(engine) | {"TF_CPP_MIN_LOG_LEVEL": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT":
+                                        str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                        "XLA_FLAGS": runner.xla_flags("--xla_force_host_platform_device_count=2")}
+    proc = subprocess.run([sys.executable, *command, "--data", str(tmp_path / "data.npz"), "--config", config,
+                           "--out", str(tmp_path / "w.npz")], capture_output=True, text=True, env=env)
+    # (on a CPU with oneDNN's custom ops, TensorFlow's import logs a line that speaks of "round-off errors")
+    said = [line for line in proc.stderr.splitlines() if ": error:" in line or "Traceback" in line]
+    assert proc.returncode == 2 and len(said) == 1 and message in said[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npz"]
 
 
 @pytest.mark.parametrize("engine, command, prog", [
