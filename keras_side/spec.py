@@ -289,9 +289,13 @@ def _schedule_problems(c: TrainConfig):
 
 
 def resolve(spec: str):
-    """The object named by 'module:function'."""
+    """The object named by 'module:function'; a `SpecError` if the module has no such name."""
     module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    try:
+        return getattr(imported, name)
+    except AttributeError:  # was the AttributeError, with a traceback from every launched process
+        raise SpecError(f"{spec!r}: module {module!r} has no {name!r}; give module:function") from None
 
 
 def keras_schedule(cfg: TrainConfig):

@@ -28,11 +28,12 @@ class LaunchError(ValueError):
     """A launcher's argument that cannot work; the message names it and the fix."""
 
 
-def launch_args(args, *, count: int | None = None, what: str = "processes",
-                windows: bool = False) -> tuple[TrainConfig, HarData | dict]:
+def launch_args(args, *, count: int | None = None, what: str = "processes", windows: bool = False,
+                sample_weights: bool = False) -> tuple[TrainConfig, HarData | dict]:
     """The spec of --config and what --data holds (a HarData, or with `windows` the walk-forward's windows as a dict
     of arrays), once --config, --data, --build, --out and the `count` of processes (or replicas, `what`) have been
-    found usable; else a LaunchError."""
+    found usable; else a LaunchError. `sample_weights`: the training takes them (`fit` does, no native data-parallel
+    loop does)."""
     if count is not None and not 1 <= count <= (os.cpu_count() or 1):
         raise LaunchError(f"--{what} must be between 1 and this machine's {os.cpu_count() or 1} cores, got {count}")
     try:
@@ -46,7 +47,7 @@ def launch_args(args, *, count: int | None = None, what: str = "processes",
         cfg = data_parallel_config(args.config)
     except SpecError as err:
         raise LaunchError(f"--config: {err}") from None
-    data = _load_data(Path(args.data), windows)
+    data = _load_data(Path(args.data), windows, sample_weights)
     module, _, function = args.build.partition(":")
     try:
         found = bool(module and function) and importlib.util.find_spec(module) is not None
@@ -61,7 +62,7 @@ def launch_args(args, *, count: int | None = None, what: str = "processes",
     return cfg, data
 
 
-def _load_data(path: Path, windows: bool) -> HarData | dict:
+def _load_data(path: Path, windows: bool, sample_weights: bool) -> HarData | dict:
     wanted = "the walk-forward's windows (x, y, rows, x_next)" if windows else "a HarData file (HarData.save)"
     if not path.is_file():
         raise LaunchError(f"--data {str(path)!r} is not a file; give {wanted}")
@@ -73,15 +74,16 @@ def _load_data(path: Path, windows: bool) -> HarData | dict:
                     raise KeyError(", ".join(missing))
                 return dict(z)
         data = HarData.load(path)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:  # TypeError: a .npy's array
         raise LaunchError(f"--data {str(path)!r} is not {wanted} ({type(err).__name__}: {err})") from None
-    if data.w_train is not None:  # each loop refuses them too, but from every process, with a traceback
-        raise LaunchError(f"--data {str(path)!r} holds sample weights, which the data-parallel loops do not take; "
-                          "save it without them")
+    if data.w_train is not None and not sample_weights:  # each loop refuses them too, from every process
+        raise LaunchError(f"--data {str(path)!r} holds sample weights, which the native data-parallel loops do not "
+                          "take; save it without them, or train with --fit")
     return data
 
 
-def one_line(prog: str, err: LaunchError) -> int:
-    """Say what is wrong in one line, as `native-loops` does; the exit status of a usage error."""
+def one_line(prog: str, err: Exception) -> int:
+    """Say what is wrong (a LaunchError, or a SpecError that only training found) in one line, as `native-loops`
+    does; the exit status of a usage error."""
     sys.stderr.write(f"{prog}: error: {' '.join(str(err).split())}\n")
     return 2

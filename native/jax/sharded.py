@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from keras_side import cores
 from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
                                take)
-from keras_side.spec import SpecError, TrainConfig, check_labels, data_parallel_config, training_loss
+from keras_side.spec import SpecError, TrainConfig, check_data, data_parallel_config, training_loss
 from native import preflight
 from native.jax import loop, optim
 
@@ -59,7 +59,7 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) ->
     global batches. `on_step(state)`, if given, runs after each step is dispatched (the launcher's progress)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
-    check_labels(cfg, data, model)  # as the one-process loop: JAX would train on them without a word
+    check_data(cfg, data, model)  # as the one-process loop: JAX would train on such labels without a word
     devices = list(devices or jax.devices())
     mesh = Mesh(np.asarray(devices), ("batch",))
     replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
@@ -223,7 +223,8 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
     its result is returned (else process 0's, with every process's stderr). A run in which no process finishes a
     step for QUIET_TIMEOUT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
-    of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_TIMEOUT_S."""
+    of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_TIMEOUT_S. A spec that a
+    process refuses (exit 2, one line) is that line alone, exit 2."""
     port = port or _free_port()
     env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
     quiet_timeout = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_TIMEOUT_S))
@@ -264,8 +265,11 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                     proc.kill()
                 proc.wait()
         chosen = failed or procs[0]
-        if all(p.returncode == 2 for p in procs):  # the spec, refused alike by every process: its line, once
-            return subprocess.CompletedProcess(chosen.args, 2, "", (logs / "0.log").read_text())
+        # A spec every process refuses alike (exit 2): the first refusal's line, once. The others end with it, or are
+        # aborted when process 0 takes the coordinator with it; what they printed then says nothing more.
+        refused = next((i for i, p in enumerate(procs) if p.returncode == 2), None)
+        if refused is not None:
+            return subprocess.CompletedProcess(chosen.args, 2, "", (logs / f"{refused}.log").read_text())
         text = "".join(f"--- process {i} (exit {p.returncode})\n" + (logs / f"{i}.log").read_text()
                        for i, p in enumerate(procs))
         if quiet:
@@ -301,10 +305,13 @@ def main(argv=None) -> int:
                         "this one process's devices instead (XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     parser.add_argument("--devices", type=int, default=None, help="with --fit: the devices JAX must see")
     args = parser.parse_args(argv)
-    if args.process_id is None:  # what the user gave, before any process starts (a process is given what was checked)
+    if args.process_id is None or args.fit:  # what the user gave, before a process starts (each is given it checked)
         try:
+            if args.fit and args.walk_forward:
+                raise preflight.LaunchError("--fit trains one model with model.fit, and the walk-forward's models "
+                                            "train with --processes; drop --fit or --walk-forward")
             cfg, data = preflight.launch_args(args, count=None if args.fit else args.processes,
-                                              windows=args.walk_forward)
+                                              windows=args.walk_forward, sample_weights=args.fit)
         except preflight.LaunchError as err:
             return preflight.one_line(parser.prog, err)
     if args.fit:

@@ -65,7 +65,7 @@ def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig, HarData]:
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
     try:  # what the user gave, before TensorFlow's runtime starts
-        return args, *preflight.launch_args(args, count=args.replicas, what="replicas")
+        return args, *preflight.launch_args(args, count=args.replicas, what="replicas", sample_weights=args.fit)
     except preflight.LaunchError as err:
         raise SystemExit(preflight.one_line(parser.prog, err)) from None
 
@@ -86,7 +86,7 @@ from keras.src.backend.tensorflow import random as keras_tf_random
 from keras_side import cores, swap
 from keras_side.config import batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
-from keras_side.spec import SpecError, check_labels, keras_loss, keras_optimizer
+from keras_side.spec import SpecError, check_data, keras_loss, keras_optimizer
 
 
 def use_cpus(replicas: int) -> list[str]:
@@ -183,7 +183,7 @@ def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None)
     replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         model = ensure_built(build(), data.x_train)
-        check_labels(cfg, data, model)  # as the one-process loop
+        check_data(cfg, data, model)  # as the one-process loop
         synchronize_batchnorm(model)
         if replicas > 1:
             refuse_other_draws(model)

@@ -54,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 from keras_side import cores
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers
-from keras_side.spec import SpecError, TrainConfig, check_labels
+from keras_side.spec import SpecError, TrainConfig, check_data
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
@@ -113,7 +113,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     x, y = data.x_train, data.y_train
     draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
     refuse_other_draws(model, draws)
-    check_labels(cfg, data, model)  # as the one-process loop: every rank would raise deep in its loss
+    check_data(cfg, data, model)  # as the one-process loop: every rank would raise deep in its loss
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
     device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
@@ -225,9 +225,9 @@ def main(argv=None) -> int:
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
         seed_everything(cfg.seed)
-        model = ensure_built(resolve(args.build)(), data.x_train)
-        start = time.perf_counter()
         try:
+            model = ensure_built(resolve(args.build)(), data.x_train)
+            start = time.perf_counter()
             weights = train(model, data, cfg)
         except SpecError as err:  # what only training finds (a layer no rank can draw for): one line from the rank
             return preflight.one_line(parser.prog, err)

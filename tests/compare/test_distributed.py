@@ -369,8 +369,9 @@ LAUNCH_CASES = [
     (dict(config='{"epochs": "two"}'), "--config: epochs and batch_size must be whole numbers"),
     (dict(data="missing.npz"), "--data '{tmp}/missing.npz' is not a file; give a HarData file (HarData.save)"),
     (dict(data="windows.npz"), "--data '{tmp}/windows.npz' is not a HarData file (HarData.save) (KeyError: "),
-    (dict(data="weighted.npz"), "--data '{tmp}/weighted.npz' holds sample weights, which the data-parallel loops do "
-                                "not take; save it without them"),
+    (dict(data="weighted.npz"), "--data '{tmp}/weighted.npz' holds sample weights, which the native data-parallel "
+                                "loops do not take; save it without them, or train with --fit"),
+    (dict(data="array.npy"), "--data '{tmp}/array.npy' is not a HarData file (HarData.save) (TypeError: "),
     (dict(windows=True), "--data '{tmp}/data.npz' is not the walk-forward's windows (x, y, rows, x_next) (KeyError: "
                          "'x, y, rows, x_next')"),
     (dict(build="nope:nothing"), "--build 'nope:nothing': give module:function, the module importable from here"),
@@ -396,6 +397,7 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     har.save(tmp_path / "data.npz")
     dataclasses.replace(har, w_train=np.ones(har.n_train, np.float32)).save(tmp_path / "weighted.npz")
     np.savez(tmp_path / "windows.npz", x=np.zeros(1))
+    np.save(tmp_path / "array.npy", np.zeros(1))
     given = {"config": "{}", "data": "data.npz", "build": "keras_side.models:har", "out": "w.npz"} | change
     args = argparse.Namespace(**{k: v if k in ("config", "build") else str(tmp_path / v) for k, v in given.items()
                                  if k in ("config", "data", "build", "out")})
@@ -406,18 +408,24 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
                                                          build="keras_side.models:har", out=str(tmp_path / "w.npz")))
     assert cfg.epochs == 3 and cfg.batch_order == "numpy"  # DATA_PARALLEL's, unless --config says otherwise
     np.testing.assert_array_equal(data.x_train, har.x_train)  # what it checked, loaded once for the launcher
+    _, weighted = preflight.launch_args(argparse.Namespace(config="{}", data=str(tmp_path / "weighted.npz"),
+                                                           build="keras_side.models:har", out=str(tmp_path / "w.npz")),
+                                        sample_weights=True)  # --fit takes them
+    assert weighted.w_train is not None
 
 
 @pytest.mark.parametrize("engine, command, config, message", [
     # the HAR's training rows leave an odd last batch, which Keras's DataParallel cannot split over 2 devices
     ("jax", ["-m", "native.jax.sharded", "--fit", "--devices", "2"], "{}", "rows does not split"),
-    ("jax", ["-m", "native.jax.sharded", "--processes", "2"], '{"loss": "sparse_categorical_crossentropy"}',
-     "which sparse_categorical_crossentropy cannot take"),
+    # the second process late: it was every process's log, the second's killed or aborted as the first ended
+    ("jax", ["-m", "native.jax.sharded", "--processes", "2", "--build", "tests.native.faults:har_late_in_the_second_"
+             "process"], '{"loss": "sparse_categorical_crossentropy"}', "which sparse_categorical_crossentropy cannot "
+                                                                        "take"),
     ("tensorflow", ["-m", "native.tensorflow.mirrored", "--replicas", "2"], '{"clipnorm": 1.0}',
      "Keras clips each replica's gradient before the all-reduce"),
-    # a rank alone (a world of one), as torchrun starts it
-    ("torch", ["-m", "native.torch.ddp"], '{"loss": "sparse_categorical_crossentropy"}',
-     "which sparse_categorical_crossentropy cannot take"),
+    # a rank alone (a world of one), as torchrun starts it; a model of two outputs for the HAR's one target
+    ("torch", ["-m", "native.torch.ddp", "--build", "keras_side.models:two_horizons"], "{}",
+     "the model has 2 outputs but the data has 1 target(s)"),
 ])
 def test_a_mistake_only_training_finds_is_one_line_and_exit_2(har, tmp_path, engine, command, config, message):
     """Each was a traceback (a SpecError's) from the launcher or the rank, after the launcher's own checks passed."""
@@ -440,6 +448,7 @@ def test_a_mistake_only_training_finds_is_one_line_and_exit_2(har, tmp_path, eng
     # (on a CPU with oneDNN's custom ops, TensorFlow's import logs a line that speaks of "round-off errors")
     said = [line for line in proc.stderr.splitlines() if ": error:" in line or "Traceback" in line]
     assert proc.returncode == 2 and len(said) == 1 and message in said[0], proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == said[0] and "--- process" not in proc.stderr  # no log of every process
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npz"]
 
 

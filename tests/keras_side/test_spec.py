@@ -87,3 +87,13 @@ def test_the_losses_must_fit_the_targets():
         check_outputs(TrainConfig(), 2)
     with pytest.raises(SpecError, match="the data has one target"):
         check_outputs(TrainConfig(loss=("mse", "mae")), 1)
+
+
+def test_a_builder_the_module_does_not_have_is_one_clear_error():
+    """It was the AttributeError, with a traceback from every process a launcher started."""
+    from keras_side.spec import resolve
+
+    assert callable(resolve("keras_side.models:har"))
+    with pytest.raises(SpecError, match="^'keras_side.models:nope': module 'keras_side.models' has no 'nope'; give "
+                                        "module:function$"):
+        resolve("keras_side.models:nope")

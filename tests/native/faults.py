@@ -1,6 +1,7 @@
 """Model builders for the data-parallel fault tests: the second process dies while building the model, as a process
 that crashes (torchrun sets RANK; a jax.distributed process knows its index)."""
 import os
+import time
 
 import keras
 
@@ -30,6 +31,14 @@ def draws_otherwise_in_the_second_process():
         bernoulli = torch.bernoulli
         torch.bernoulli = lambda *args, **kwargs: 1.0 - bernoulli(*args, **kwargs)
     return models.dropout_mlp()
+
+
+def har_late_in_the_second_process():
+    """The HAR, a second late in the second process: the first refuses a spec before the second has built its model
+    (and the launcher stops the second as the first ends)."""
+    if _second_process():
+        time.sleep(1)
+    return models.har()
 
 
 def _second_process() -> bool:

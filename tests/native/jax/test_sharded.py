@@ -131,6 +131,16 @@ def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
         sharded.fit_train(resolve("keras_side.models:har"), har, CFG)
 
 
+def test_fit_and_the_walk_forward_together_are_one_line(har, tmp_path, capsys):
+    """--fit with --walk-forward: a traceback (the windows taken for a HarData)."""
+    har.save(tmp_path / "data.npz")
+    assert sharded.main(["--fit", "--walk-forward", "--data", str(tmp_path / "data.npz"), "--out",
+                         str(tmp_path / "w.npz")]) == 2
+    assert capsys.readouterr().err == ("python -m native.jax.sharded: error: --fit trains one model with model.fit, "
+                                       "and the walk-forward's models train with --processes; drop --fit or "
+                                       "--walk-forward\n")
+
+
 def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(panel, tmp_path):
     """Every walk-forward refit of two assets, the model axis split over two jax.distributed processes (one device
     each): the forecasts one device gives, model for model (each model's start comes from the seed alone)."""
