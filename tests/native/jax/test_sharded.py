@@ -131,14 +131,18 @@ def test_fit_under_keras_data_parallel_needs_batches_that_split(har):
         sharded.fit_train(resolve("keras_side.models:har"), har, CFG)
 
 
-def test_fit_and_the_walk_forward_together_are_one_line(har, tmp_path, capsys):
-    """--fit with --walk-forward: a traceback (the windows taken for a HarData)."""
+def test_fits_option_mistakes_are_one_line(har, tmp_path, capsys):
+    """--fit with --walk-forward was a traceback (the windows taken for a HarData)."""
     har.save(tmp_path / "data.npz")
     assert sharded.main(["--fit", "--walk-forward", "--data", str(tmp_path / "data.npz"), "--out",
                          str(tmp_path / "w.npz")]) == 2
     assert capsys.readouterr().err == ("python -m native.jax.sharded: error: --fit trains one model with model.fit, "
                                        "and the walk-forward's models train with --processes; drop --fit or "
                                        "--walk-forward\n")
+    # --fit runs in this process, a --process-id or not: its options are checked (it was an UnboundLocalError)
+    assert sharded.main(["--fit", "--process-id", "0", "--data", str(tmp_path / "missing.npz"), "--out",
+                         str(tmp_path / "w.npz")]) == 2
+    assert "--data" in capsys.readouterr().err and not (tmp_path / "w.npz").exists()
 
 
 def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(panel, tmp_path):
