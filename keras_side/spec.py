@@ -17,6 +17,7 @@ import difflib
 import importlib
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -121,6 +122,10 @@ class TrainConfig:
 
     def __post_init__(self):
         # Lists arrive from JSON (the worker protocol); the frozen spec keeps tuples.
+        for name in ("epochs", "batch_size", "seed"):  # a NumPy integer (a seed from np.arange) is a whole number
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
         object.__setattr__(self, "metrics", tuple(self.metrics))

@@ -1,4 +1,5 @@
 """The training spec: what Keras would refuse, or a path cannot honour, is one clear error naming the field."""
+import json
 import re
 
 import pytest
@@ -97,3 +98,14 @@ def test_a_builder_the_module_does_not_have_is_one_clear_error():
     with pytest.raises(SpecError, match="^'keras_side.models:nope': module 'keras_side.models' has no 'nope'; give "
                                         "module:function$"):
         resolve("keras_side.models:nope")
+
+
+def test_numpy_integers_are_whole_numbers():
+    """A seed from np.arange was refused: "seed must be a whole number ..., got np.int64(3)"."""
+    import numpy as np
+
+    cfg = TrainConfig(seed=np.int64(3), epochs=np.int32(2), batch_size=np.uint16(64))
+    assert (cfg.seed, cfg.epochs, cfg.batch_size) == (3, 2, 64) and type(cfg.seed) is int
+    assert json.loads(json.dumps(cfg.to_dict()))["seed"] == 3  # what the worker protocol and the reports carry
+    with pytest.raises(SpecError, match="seed must be a whole number from 0 to 2"):
+        TrainConfig(seed=np.uint64(2**32))
