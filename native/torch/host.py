@@ -86,6 +86,21 @@ class HostModel(torch.nn.Module):
         stable_keys(clone.har)
         return clone
 
+    def _apply(self, fn, recurse=True):
+        """What torch's `.double()`, `.half()`, `.to(dtype)` and `.to(device)` call: a change of a weight's dtype is
+        refused before anything is cast. Keras computes in its dtype policy whatever torch casts its weights to:
+        after `.double()` the Keras part computed in float32 and answered in float64, at float32's precision,
+        without a word."""
+        for dtype in {p.dtype for p in self.parameters()}:
+            cast = fn(torch.zeros((), dtype=dtype)).dtype
+            if cast != dtype:
+                raise TypeError(f"HostModel keeps its dtypes: its {dtype} weights would become {cast}, but the Keras "
+                                f"model computes in its dtype policy ({self.har.dtype_policy.name}) whatever torch "
+                                "casts its weights to; choose the dtype with keras.config.set_dtype_policy before "
+                                "building it (a float64 Dense computes in float32 on torch in Keras 3.15.1: "
+                                "keras-team/keras#23704)")
+        return super()._apply(fn, recurse)
+
     def forward(self, x):
         # A Keras model reads `training` from its call, not from torch's `self.training`: pass it on, so that
         # `host.train()` / `host.eval()` switch Dropout, GaussianNoise and BatchNorm as they do in a torch module.

@@ -230,6 +230,19 @@ def test_a_load_with_assign_is_refused_where_the_keras_layers_would_not_see_it()
     assert torch.equal(target.eval()(x), source.eval()(x)) and not torch.equal(before, target(x))
 
 
+def test_a_host_keeps_its_dtypes():
+    """`host.double()` cast every weight to float64 and the Keras part went on computing in float32: an answer in
+    float64 at float32's precision, without a word. Refused now, before anything is cast; devices still move."""
+    host = torch_host.HostModel(models.har())
+    for change in (host.double, host.half, lambda: host.to(torch.float64)):
+        with pytest.raises(TypeError, match=r"^HostModel keeps its dtypes: its torch.float32 weights would become "
+                                            r"torch.float(64|16), but the Keras model computes in its dtype policy "
+                                            r"\(float32\)"):
+            change()
+        assert {p.dtype for p in host.parameters()} == {torch.float32}  # nothing half-cast
+    assert host.to("cpu") is host and host.float() is host
+
+
 def test_a_deep_copy_of_a_host_keeps_its_keys_and_its_weights():
     """An EMA copy or a snapshot: Keras copies its model by saving and loading it, and the copy's state dict had
     Keras's numbered keys ("har._torch_params.har/kernel"), which no fresh host loads."""
