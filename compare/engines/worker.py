@@ -214,8 +214,10 @@ def _bench(request: dict, send) -> dict:
             seed_everything(cfg.seed)
             first_run = None  # JAX's fused scan: its program's first run, in its compile time
             if name in floors.FLOORS:  # the same step without Keras, from the Keras model's own first weights
-                weights = _model(request, data).get_weights()
-                seconds, compile_seconds = floors.FLOORS[name][1](data, cfg, weights, request.get("model", "har"))
+                model = _model(request, data)
+                seconds, compile_seconds = floors.FLOORS[name][1](data, cfg, model.get_weights(),
+                                                                  request.get("model", "har"),
+                                                                  seeds=floors.seed_states(model))
             else:
                 result = paths.get(name).train(_model(request, data), data, cfg)
                 seconds, compile_seconds, first_run = result.train_seconds, result.compile_seconds, \

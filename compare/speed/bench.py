@@ -49,17 +49,17 @@ def bench_paths(engine: str) -> list[str]:
 ZOO_VARIANTS = {"jax": ["jax-native-scan"], "torch": ["torch-native-compile"]}
 
 
-def has_floor(model: str) -> bool:
-    """A zoo model has floors where `floors.RAW` writes it without Keras and its spec is the floors' own (MSE and the
-    spec's optimizer, no metrics or sample weights)."""
-    return model in floors.RAW and not ZOO[model].spec
+def has_floor(model: str, engine: str) -> bool:
+    """A zoo model has a floor on `engine` where `floors.RAW` writes it without Keras and its spec is the floors' own
+    (MSE and the spec's optimizer, no metrics or sample weights)."""
+    return model in floors.RAW[engine] and not ZOO[model].spec
 
 
 def zoo_paths(engine: str, model: str) -> list[str]:
     """What the zoo table times per model: fit, the native loop, the engine's fast path (`ZOO_VARIANTS`), and the
     same step without Keras where the model has one (`has_floor`)."""
     own = [p.name for p in paths.for_engine(engine)] + ZOO_VARIANTS.get(engine, [])
-    return own + (floors.floors(engine) if has_floor(model) else [])
+    return own + (floors.floors(engine) if has_floor(model, engine) else [])
 
 
 def floor_row(timed: dict, row: dict | None) -> dict | None:

@@ -6,13 +6,15 @@ the same shapes, weights, batches and Keras-exact optimizer, so every path's tim
     jax-raw        the same step in `jax.numpy`, jitted, driven by `native/jax/loop.py`'s Python loop
     jax-raw-scan   the same step under `native/jax/loop.py`'s fused `lax.scan` driver
 
-Written for the HAR and the two sequence models of the zoo (`RAW`): `Dense(1)` is `x @ w + b`; the LSTM is
-torch's own LSTM op (ATen's cell, as the torch loop runs it) and a `lax.scan` over the days in JAX; the Conv1D is
-torch's own convolution and, in JAX, the matmul over the input's patches that the JAX loop runs in place of XLA's
-CPU convolution. Each starts from the Keras model's own weights and ends where the native loop ends
-(tested). `torch_stages` times the torch loop's step stage by stage (the batch's rows, the forward, the loss, the
-backward, the optimizer), with the Keras model and with raw tensors: where the eager step's time goes. Measured only
-by the bench (this module imports its engine when called), never asserted by a test.
+Written for the HAR and the two sequence models of the zoo on both engines, and for dropout_mlp on JAX (`RAW`):
+`Dense(1)` is `x @ w + b`; the LSTM is torch's own LSTM op (ATen's cell, as the torch loop runs it) and a `lax.scan`
+over the days in JAX; the Conv1D is torch's own convolution and, in JAX, the matmul over the input's patches that the
+JAX loop runs in place of XLA's CPU convolution; dropout_mlp's mask is `jax.random.bernoulli` on the Dropout's seed
+state, threaded through the step as Keras's JAX backend draws and advances it. Each starts from the Keras model's own
+weights (and seed state) and ends where the native loop ends (tested). `torch_stages` times the torch loop's step
+stage by stage (the batch's rows, the forward, the loss, the backward, the optimizer), with the Keras model and with
+raw tensors: where the eager step's time goes. Measured only by the bench (this module imports its engine when
+called), never asserted by a test.
 """
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ from keras_side.config import HarData, batch_slices, take
 from keras_side.spec import TrainConfig
 
 STAGES = ("rows", "forward", "loss", "backward", "optimizer")
-RAW = ("har", "lstm", "conv1d")  # the models with a floor: their builders in keras_side.models, MSE, no metrics
+# The models with a floor, per engine: their builders in keras_side.models, MSE, no metrics. dropout_mlp's on torch
+# would have to draw Keras's torch masks by hand as the loop does (native.torch.loop.Draws): not written.
+RAW = {"torch": ("har", "lstm", "conv1d"), "jax": ("har", "lstm", "conv1d", "dropout_mlp")}
+DROPOUT_MLP_RATE = 0.2  # keras_side.models.dropout_mlp's Dropout
 
 
 def _dense(p, x):
@@ -52,7 +57,9 @@ def _torch_forward(model: str):
 
 
 def _jax_forward(model: str):
-    """`forward(params, x)` of a `RAW` model in `jax.numpy`, its params in the Keras model's weight order."""
+    """`forward(params, seeds, x) -> (prediction, seeds)` of a `RAW` model in `jax.numpy`: its params in the Keras
+    model's weight order, `seeds` its random layers' seed states (Keras's `SeedGenerator.state`, in
+    `model.non_trainable_variables` order) after the step's draws."""
     import jax
     import jax.numpy as jnp
 
@@ -76,7 +83,17 @@ def _jax_forward(model: str):
         h = convolution.conv1d_as_matmul(x, kernel, 1, "valid", 1)
         return jnp.mean(jax.nn.relu(h + bias), axis=1) @ w + b
 
-    return {"har": _dense, "lstm": lstm, "conv1d": conv1d}[model]
+    def dropout_mlp(p, seeds, x):  # Dense(16, relu) → Dropout → Dense(1), the mask as keras.random.dropout draws it
+        w1, b1, w2, b2 = p
+        (seed,), keep = seeds, 1.0 - DROPOUT_MLP_RATE
+        h = jax.nn.relu(x @ w1 + b1)
+        h = jax.lax.select(jax.random.bernoulli(seed, p=keep, shape=h.shape), h / keep, jnp.zeros_like(h))
+        return h @ w2 + b2, [seed + jnp.array([0, 1], seed.dtype)]  # SeedGenerator.next: the state, then + [0, 1]
+
+    if model == "dropout_mlp":
+        return dropout_mlp
+    forward = {"har": _dense, "lstm": lstm, "conv1d": conv1d}[model]
+    return lambda p, seeds, x: (forward(p, x), seeds)  # seeds: a random layer's that draws nothing (the LSTM's)
 
 
 def _torch_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
@@ -90,9 +107,9 @@ def _torch_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
 
 
 def torch_raw(data: HarData, cfg: TrainConfig, weights: list[np.ndarray], model: str = "har",
-              trained: list | None = None) -> tuple[float, None]:
+              trained: list | None = None, seeds=()) -> tuple[float, None]:
     """Seconds of `model`'s training from `weights` without Keras on torch (no compile); `trained` receives the
-    weights."""
+    weights. `seeds`: the model's seed states, which no torch floor draws from."""
     import torch
 
     from native.torch import loop
@@ -151,9 +168,9 @@ def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, 
     return found
 
 
-def _jax_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
+def _jax_raw(weights: list[np.ndarray], seeds, model: str, cfg: TrainConfig):
     """The raw step in the loop drivers' form: `step(state, (x, y)) -> (state, loss)` over state `(trainable,
-    non_trainable, opt_state, metrics)`, no Keras in it."""
+    seeds, opt_state, metrics)`, no Keras in it."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -162,27 +179,28 @@ def _jax_raw(weights: list[np.ndarray], model: str, cfg: TrainConfig):
 
     optimizer, forward = optim.build(cfg), _jax_forward(model)
 
-    def mse(trainable, x, y):
-        return jnp.mean((forward(trainable, x) - y) ** 2)
+    def mse(trainable, seeds, x, y):
+        pred, seeds = forward(trainable, seeds, x)
+        return jnp.mean((pred - y) ** 2), seeds
 
     @jax.jit
     def step(state, batch):
-        trainable, non_trainable, opt_state, metrics = state
-        loss, grads = jax.value_and_grad(mse)(trainable, *batch)
+        trainable, seeds, opt_state, metrics = state
+        (loss, seeds), grads = jax.value_and_grad(mse, has_aux=True)(trainable, seeds, *batch)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
-        return (optax.apply_updates(trainable, updates), non_trainable, opt_state, metrics), loss
+        return (optax.apply_updates(trainable, updates), seeds, opt_state, metrics), loss
 
     trainable = [jnp.asarray(w) for w in weights]
-    return step, (trainable, [], optimizer.init(trainable), [])
+    return step, (trainable, [jnp.asarray(s) for s in seeds], optimizer.init(trainable), [])
 
 
 def jax_raw(data: HarData, cfg: TrainConfig, weights: list[np.ndarray], model: str = "har", driver: str = "loop",
-            trained: list | None = None) -> tuple[float, float]:
-    """(seconds, compile seconds) of `model`'s training from `weights` without Keras on JAX, under the native loop's
-    own driver; `trained` receives the weights."""
+            trained: list | None = None, seeds=()) -> tuple[float, float]:
+    """(seconds, compile seconds) of `model`'s training from `weights` (and its random layers' seed states `seeds`)
+    without Keras on JAX, under the native loop's own driver; `trained` receives the weights."""
     from native.jax import loop
 
-    step, state = _jax_raw(weights, model, cfg)
+    step, state = _jax_raw(weights, seeds, model, cfg)
     train_xy, val = loop.arrays(data)
     orders = np.asarray(loop.batch_orders(cfg, data.n_train))
     run = loop._scan_driver if driver == "scan" else loop._loop_driver
@@ -199,6 +217,12 @@ FLOORS = {"torch-raw": ("torch", torch_raw), "jax-raw": ("jax", jax_raw),
 FLOOR_OF = {"keras-torch": "torch-raw", "torch-native": "torch-raw", "torch-native-compile": "torch-raw",
             "torch-native-engine": "torch-raw", "torch-native-compile-engine": "torch-raw",
             "keras-jax": "jax-raw", "jax-native": "jax-raw", "jax-native-scan": "jax-raw-scan"}
+
+
+def seed_states(model) -> list[np.ndarray]:
+    """A Keras model's seed states, what a floor's `seeds` starts from: its non-trainable variables (the floors' models
+    have no other)."""
+    return [np.asarray(v.value) for v in model.non_trainable_variables]
 
 
 def floors(engine: str) -> list[str]:

@@ -1,6 +1,6 @@
 """The bench's floors (compare.speed.floors) compute what the native loop computes, without Keras: from the Keras
-model's own first weights, the same batches and Adam, the same weights at the end. Imported by each engine's test
-file, for every model the floors write (`floors.RAW`)."""
+model's own first weights (and seed states), the same batches and Adam, the same weights at the end. Imported by each
+engine's test file, for every model the floors write on it (`floors.RAW`)."""
 import numpy as np
 
 from compare.speed import floors
@@ -11,7 +11,7 @@ from keras_side.zoo import ZOO
 from tests.native.many_seeds import zoo_data
 
 CFG = TrainConfig(epochs=3, validate=False)
-MODELS = floors.RAW
+MODELS = floors.RAW  # engine -> its models with a floor
 
 
 def check_floor_trains_as_the_loop(panel, model: str, floor, train_loop):
@@ -19,7 +19,7 @@ def check_floor_trains_as_the_loop(panel, model: str, floor, train_loop):
     keras_model = models.ensure_built(ZOO[model].builder()(), data.x_train)
     start = keras_model.get_weights()
     trained = []
-    floor(data, CFG, start, model, trained=trained)
+    floor(data, CFG, start, model, trained=trained, seeds=floors.seed_states(keras_model))
     train_loop(keras_model, data, CFG)
     assert max(np.max(np.abs(a - b)) for a, b in zip(trained, start)) > 1e-3  # it trained
     for got, want in zip(trained, keras_model.get_weights(), strict=True):

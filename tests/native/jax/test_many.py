@@ -128,7 +128,7 @@ def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
 
 
 @pytest.mark.parametrize("driver", ["loop", "scan"])
-@pytest.mark.parametrize("model", rows(floors_check.MODELS, fast=["har", "conv1d"]))
+@pytest.mark.parametrize("model", rows(floors_check.MODELS["jax"], fast=["har", "conv1d", "dropout_mlp"]))
 def test_the_bench_floors_are_the_loop_without_keras(panel, model, driver):
     from compare.speed import floors
 

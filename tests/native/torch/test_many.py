@@ -97,7 +97,7 @@ def test_what_would_tie_the_models_together_is_refused(panel, name, spec, says):
                                                                                                  data.n_train))
 
 
-@pytest.mark.parametrize("model", floors_check.MODELS)
+@pytest.mark.parametrize("model", floors_check.MODELS["torch"])
 def test_the_bench_floor_is_the_loop_without_keras(panel, model):
     from compare.speed import floors
 
