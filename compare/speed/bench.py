@@ -52,7 +52,7 @@ ZOO_VARIANTS = {"jax": ["jax-native-scan"], "torch": ["torch-native-compile"]}
 def has_floor(model: str, engine: str) -> bool:
     """A zoo model has a floor on `engine` where `floors.RAW` writes it without Keras and its spec is the floors' own
     (MSE and the spec's optimizer, no metrics or sample weights)."""
-    return model in floors.RAW[engine] and not ZOO[model].spec
+    return model in floors.RAW.get(engine, ()) and not ZOO[model].spec
 
 
 def zoo_paths(engine: str, model: str) -> list[str]:

@@ -101,6 +101,7 @@ def test_a_zoo_model_has_floors_only_where_they_are_its_step():
     # dropout_mlp's masks written by hand on JAX only (its seed state), not as torch's loop draws them
     assert "jax-raw-scan" in bench.zoo_paths("jax", "dropout_mlp") and "torch-raw" not in bench.zoo_paths(
         "torch", "dropout_mlp")
+    assert bench.zoo_paths("tensorflow", "lstm") == ["keras-tensorflow", "tensorflow-native"]  # no floor: a KeyError
 
 
 def test_an_engine_that_failed_in_a_shared_pool_is_incomplete_for_every_later_model(har, tmp_path):
