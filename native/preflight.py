@@ -82,6 +82,15 @@ def _load_data(path: Path, windows: bool, sample_weights: bool) -> HarData | dic
     return data
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: for a launch's coordinator (jax.distributed's, torch's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def one_line(prog: str, err: Exception) -> int:
     """Say what is wrong (a LaunchError, or a SpecError that only training found) in one line, as `native-loops`
     does; the exit status of a usage error."""

@@ -225,7 +225,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     step for QUIET_TIMEOUT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
     of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_TIMEOUT_S. A spec that a
     process refuses (exit 2, one line) is that line alone, exit 2."""
-    port = port or _free_port()
+    port = port or preflight.free_port()
     env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
     quiet_timeout = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_TIMEOUT_S))
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
@@ -279,14 +279,6 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                      if p.returncode and p.pid not in stopped]
             text += f"\njax.distributed: {len(ended)} of {processes} failed ({', '.join(ended)}); stopped the rest\n"
         return subprocess.CompletedProcess(chosen.args, chosen.returncode, "", text)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:

@@ -429,19 +429,16 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
 ])
 def test_a_mistake_only_training_finds_is_one_line_and_exit_2(har, tmp_path, engine, command, config, message):
     """Each was a traceback (a SpecError's) from the launcher or the rank, after the launcher's own checks passed."""
-    import socket
     import subprocess
     import sys
 
     from compare.engines import runner
     from keras_side.backend import engine_environment
+    from native import preflight
 
     har.save(tmp_path / "data.npz")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = engine_environment(engine) | {"TF_CPP_MIN_LOG_LEVEL": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT":
-                                        str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                        str(preflight.free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                         "XLA_FLAGS": runner.xla_flags("--xla_force_host_platform_device_count=2")}
     proc = subprocess.run([sys.executable, *command, "--data", str(tmp_path / "data.npz"), "--config", config,
                            "--out", str(tmp_path / "w.npz")], capture_output=True, text=True, env=env)
