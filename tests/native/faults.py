@@ -1,7 +1,7 @@
 """Model builders for the data-parallel fault tests: the second process dies while building the model, as a process
 that crashes (torchrun sets RANK; a jax.distributed process knows its index)."""
 import os
-import time
+import threading
 
 import keras
 
@@ -33,11 +33,11 @@ def draws_otherwise_in_the_second_process():
     return models.dropout_mlp()
 
 
-def har_late_in_the_second_process():
-    """The HAR, a second late in the second process: the first refuses a spec before the second has built its model
-    (and the launcher stops the second as the first ends)."""
+def har_in_the_first_process_only():
+    """The HAR in the first process; the second never builds its model, waiting until the launcher stops it (as it
+    does once the first has ended): the first refuses a spec alone, whatever the machine's load."""
     if _second_process():
-        time.sleep(1)
+        threading.Event().wait()
     return models.har()
 
 
