@@ -178,13 +178,31 @@ def verb_arrays(x, what: str = "x"):
     return tuple(x)
 
 
-def compile_apart(epoch_seconds: list[float]) -> tuple[float, float | None]:
+def compile_apart(epoch_seconds: list[float], first_steps: list[tuple[int, float]] | None = None
+                  ) -> tuple[float, float | None]:
     """(training seconds, compile seconds) of a run that compiles its step in its first epoch: the compile is the
-    first epoch's excess over a typical epoch (None with one epoch: nothing to compare it with)."""
+    first epoch's excess over a typical epoch. A run of one epoch has no other epoch to compare it with: given
+    `first_steps`, that epoch's steps as (batch rows, seconds), the compile is each batch shape's first step's excess
+    over a typical step (`compile_in_steps`); else None."""
     if len(epoch_seconds) < 2:
-        return sum(epoch_seconds), None
+        compile_seconds = compile_in_steps(first_steps) if first_steps and epoch_seconds else None
+        return sum(epoch_seconds) - (compile_seconds or 0.0), compile_seconds
     compile_seconds = max(0.0, epoch_seconds[0] - float(np.median(epoch_seconds[1:])))
     return sum(epoch_seconds) - compile_seconds, compile_seconds
+
+
+def compile_in_steps(steps: list[tuple[int, float]]) -> float | None:
+    """The compile in one epoch's steps, (batch rows, seconds) each: a step compiles at the first batch of each shape
+    (the full batch, a short last one), so the compile is those steps' excess over a typical step, the median of
+    the steps that came after a shape's first. None when there is none (every step a shape's first)."""
+    seen, first, later = set(), [], []
+    for rows, seconds in steps:
+        (later if rows in seen else first).append(seconds)
+        seen.add(rows)
+    if not later:
+        return None
+    typical = float(np.median(later))
+    return sum(max(0.0, seconds - typical) for seconds in first)
 
 
 def output_arrays(pred):

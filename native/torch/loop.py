@@ -533,6 +533,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     train_loss, val_loss, epoch_seconds, metrics.history = curves["loss"], curves["val_loss"], [], curves["metrics"]
+    first_steps = None  # a compiled run's first epoch, step by step: (batch rows, seconds)
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         if saved and epoch < saved.start:
             continue  # done before the checkpoint: every epoch's order is drawn all the same, so the rest match
@@ -541,6 +542,12 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         x_epoch, y_epoch = take(x, order), take(y, order)  # one gather per epoch; each batch is then a view
         w_epoch = None if weights is None else weights[order]
         losses = []  # each batch's mean loss, on the device: `.item()` every step would sync
+        # A compiled run's first epoch times each step (a step that compiles stands out): a run of one epoch has no
+        # other epoch to set its compile apart against (`compile_apart`).
+        steps = None
+        if compile and not epoch_seconds:
+            first_steps = steps = []
+            mark = _clock(device)
         with guards_skipped() if warm else contextlib.nullcontext():
             for rows in batch_slices(data.n_train, cfg.batch_size):
                 y_batch, w_batch = take(y_epoch, rows), None if weights is None else w_epoch[rows]
@@ -555,6 +562,10 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                     metrics.update(y_batch, outputs.detach())
                 if on_step:
                     on_step(loss.detach())
+                if steps is not None:
+                    now = _clock(device)
+                    steps.append((rows.stop - rows.start, now - mark))
+                    mark = now
         warm = compile and on_step is None and one_graph()  # your `on_step` may change what the graphs read
         train_loss.append(float(torch.stack(losses).cpu().double() @ sizes) / data.n_train)  # the mean over the rows
         metrics.close()
@@ -570,10 +581,17 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             break
     if stop:
         model.set_weights(stop.best_weights)  # restore_best_weights
-    seconds, compile_seconds = compile_apart(epoch_seconds) if compile else (sum(epoch_seconds), None)
+    seconds, compile_seconds = compile_apart(epoch_seconds, first_steps) if compile else (sum(epoch_seconds), None)
     return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
+
+
+def _clock(device) -> float:
+    """`time.perf_counter()` once the device has run what it was given (torch's CPU ops run as they are called)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+    return time.perf_counter()
 
 
 def guards_skipped():

@@ -7,6 +7,7 @@ import torch
 
 from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL
 from keras_side import models
+from keras_side.config import compile_apart, compile_in_steps
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
 from native.torch import loop as torch_loop
@@ -27,6 +28,19 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
     np.testing.assert_allclose(flat(compiled.weights), flat(eager.weights), atol=COMPILED_VS_EAGER_ATOL, rtol=0)
     np.testing.assert_allclose(compiled.train_loss, eager.train_loss, rtol=1e-5)
     assert not np.allclose(flat(compiled.weights), 0)
+
+
+def test_a_one_epoch_compiled_run_sets_its_compile_apart_step_by_step(har):
+    """With no second epoch to compare the first with, the compile is each batch shape's first step's excess over a
+    typical step: the HAR's 18 batches are 17 full ones and a short last one, each shape compiled at its first."""
+    seed_everything(0)
+    result = torch_loop.train(models.har(), har, TrainConfig(epochs=1, validate=False), compile=True)
+    assert result.compile_seconds > 0 and result.train_seconds > 0
+    # the arithmetic: (batch rows, seconds) per step; 128-row steps after the first are typical, 31 rows came once
+    assert compile_in_steps([(128, 5.0), (128, 1.0), (128, 3.0), (128, 1.0), (31, 4.0)]) == (5 - 1) + (4 - 1)
+    assert compile_in_steps([(128, 5.0), (31, 4.0)]) is None  # every step a shape's first: nothing to compare with
+    assert compile_apart([10.0], [(128, 6.0), (128, 1.0), (128, 1.0)]) == (5.0, 5.0)
+    assert compile_apart([10.0]) == (10.0, None) and compile_apart([10.0, 4.0, 5.0]) == (19.0 - 5.5, 5.5)
 
 
 # make test: two outputs, masks drawn before the step, a stateful model. The penalties are compiled below (mlp_l2),
