@@ -286,7 +286,7 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
         incomplete["walk-forward"] = f"1 process: the JAX worker had stopped before it ({reason})"
         return None
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
-    spec, answer = data_parallel_config(json.dumps(_walk_config(cfg))), {}
+    spec, answer = data_parallel_config(_walk_config(cfg)), {}
     failed = pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
                                                   "devices": [1], "fit_models": [], "repeats": 1,  # as the launch
                                                   "cpus": cpus},

@@ -187,10 +187,10 @@ def _known_fields(names) -> None:
             raise SpecError(f"{name!r} is not a field of the training spec{hint}; its fields: {', '.join(known)}")
 
 
-def data_parallel_config(fields: str) -> TrainConfig:
-    """The spec a data-parallel launcher trains, from its `--config` JSON of TrainConfig fields: DATA_PARALLEL's,
-    unless the JSON says otherwise."""
-    return TrainConfig.from_dict({**DATA_PARALLEL, **json.loads(fields)})
+def data_parallel_config(fields: str | dict) -> TrainConfig:
+    """The spec a data-parallel launcher trains, from its `--config` of TrainConfig fields (the JSON, or the dict it
+    holds): DATA_PARALLEL's, unless the fields say otherwise."""
+    return TrainConfig.from_dict({**DATA_PARALLEL, **(json.loads(fields) if isinstance(fields, str) else fields)})
 
 
 def _problems(c: TrainConfig):

@@ -44,7 +44,7 @@ def launch_args(args, *, count: int | None = None, what: str = "processes", wind
     if not isinstance(fields, dict):
         raise LaunchError(f"--config must be a JSON object of TrainConfig fields, got a {type(fields).__name__}")
     try:
-        cfg = data_parallel_config(args.config)
+        cfg = data_parallel_config(fields)
     except SpecError as err:
         raise LaunchError(f"--config: {err}") from None
     data = _load_data(Path(args.data), windows, sample_weights)
