@@ -186,6 +186,13 @@ def drawing_layers(model: keras.Model) -> list[layers.Layer]:
     return [layer for layer in model._flatten_layers(include_self=True) if draws(layer)]
 
 
+def weight_constraints(model: keras.Model) -> list:
+    """Each trainable variable's constraint (`kernel_constraint=MaxNorm(...)`, ...) or None, in
+    `model.trainable_variables` order. Keras's optimizer applies them after every update, `w = constraint(w)` (in
+    `BaseOptimizer.apply`), so every native loop does too, after its own optimizer's step."""
+    return [v.constraint for v in model.trainable_variables]
+
+
 def ensure_built(model: keras.Model, x) -> keras.Model:
     """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built). What a model
     builder returned: anything but a `keras.Model` is a TypeError naming it."""

@@ -27,7 +27,7 @@ import optax
 
 from keras_side.callbacks import EarlyStopping
 from keras_side.config import HarData, Result, first, keras_inputs, numpy_orders, output_arrays, verb_arrays
-from keras_side.models import ensure_built
+from keras_side.models import ensure_built, weight_constraints
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_data, keras_metrics, verb_loss,
                               training_loss)
 from native.checkpoint import Checkpoints
@@ -53,6 +53,7 @@ def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=(
     """The one jitted step: `step(state, (x, y[, sample_weight])) -> (state, loss)`; the metrics' state through
     their stateless API."""
     compute_loss = make_loss(model, loss_fn, training=True)
+    constraints = weight_constraints(model)
 
     @jax.jit
     def step(state, batch):
@@ -62,7 +63,10 @@ def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=(
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
         # Unweighted, as fit updates compile(metrics=...): only weighted_metrics take the sample weights.
         metric_state = [m.stateless_update_state(v, batch[1], pred) for m, v in zip(metrics, metric_state)]
-        return (optax.apply_updates(trainable, updates), non_trainable, opt_state, metric_state), loss
+        trainable = optax.apply_updates(trainable, updates)
+        # after the update, each variable's constraint, as Keras's optimizer applies it
+        trainable = [w if c is None else c(w) for c, w in zip(constraints, trainable)]
+        return (trainable, non_trainable, opt_state, metric_state), loss
 
     return step
 

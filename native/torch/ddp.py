@@ -58,7 +58,7 @@ from keras_side.spec import SpecError, TrainConfig, check_data
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import Draws, _forward, _tensors, drawable, spec_loss
+from native.torch.loop import Draws, _forward, _tensors, constrain, constraints_of, drawable, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -121,6 +121,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     ddp = DistributedDataParallel(module, device_ids=[device] if device is not None else None)  # rank 0's weights
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)
+    constrained = constraints_of(model)
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(y)))  # every target (n, 1), as the outputs
     checked = False  # that every rank drew the first step's masks alike
     for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
@@ -142,6 +143,8 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
             if clip:
                 clip(params)
             optimizer.step()
+            if constrained:
+                constrain(constrained)
             if scheduler:
                 scheduler.step()
     return model.get_weights()

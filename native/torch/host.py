@@ -108,8 +108,11 @@ class HostModel(torch.nn.Module):
 
 
 def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> list[float]:
-    """Full-batch Adam on every parameter of the host, Keras's and torch's alike; returns the loss per step."""
-    optimizer = torch.optim.Adam(host.parameters(), lr=lr)
+    """Full-batch Adam on every parameter of the host, Keras's and torch's alike, the Keras weights' constraints
+    applied after each step as Keras's optimizer applies them (`loop.constrain`); returns the loss per step."""
+    from native.torch.loop import constrain, constraints_of
+
+    optimizer, constrained = torch.optim.Adam(host.parameters(), lr=lr), constraints_of(host.har)
     losses = []
     for _ in range(steps):
         target, pred = as_fit_shapes(y, host(x))  # a (n,) target is a (n, 1) one, as fit takes it: not (n, n)
@@ -117,5 +120,6 @@ def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int,
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        constrain(constrained)
         losses.append(loss.item())
     return losses

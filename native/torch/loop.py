@@ -42,7 +42,7 @@ from keras_side.callbacks import EarlyStopping
 from keras_side.config import (HarData, Result, as_tuple, batch_slices, compile_apart, keras_inputs, numpy_orders,
                                take, verb_arrays)
 from keras_side.metrics import EpochMetrics
-from keras_side.models import drawing_layers, ensure_built
+from keras_side.models import drawing_layers, ensure_built, weight_constraints
 from keras_side.spec import (SpecError, TrainConfig, as_fit_shapes, check_data, keras_loss, state_kept, verb_loss,
                               training_loss)
 from native.checkpoint import Checkpoints, fresh_curves
@@ -498,6 +498,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg, compile=compile)
+    constrained = constraints_of(model)
     name = "torch-native-compile" if compile else "torch-native"
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", name, resume=resume) if checkpoint else None
     if saved and saved.saved:
@@ -555,6 +556,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
                 if clip:
                     clip(params)  # Keras clips inside its optimizer; torch between backward and step
                 optimizer.step()
+                if constrained:
+                    constrain(constrained)
                 if scheduler:
                     scheduler.step()  # once a batch: Keras's schedules count optimizer steps
                 losses.append(loss.detach())
@@ -585,6 +588,19 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
+
+
+def constraints_of(model) -> list[tuple[torch.Tensor, object]]:
+    """`(parameter, constraint)` for each trainable variable with a constraint (`weight_constraints`)."""
+    return [(v.value, c) for v, c in zip(model.trainable_variables, weight_constraints(model)) if c is not None]
+
+
+def constrain(constrained: list[tuple[torch.Tensor, object]]) -> None:
+    """Each constraint on its parameter, in place, after the optimizer's step: Keras's optimizer assigns
+    `constraint(variable)` to the variable (`BaseOptimizer.apply`), the same ops on the same values."""
+    with torch.no_grad():
+        for p, constraint in constrained:
+            p.copy_(constraint(p))
 
 
 def _clock(device) -> float:

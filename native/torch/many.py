@@ -5,7 +5,8 @@ order, with the spec's loss and Keras-exact optimizer (`native.torch.optim`): se
 seed s ends (tested). The weights of every model are stacked on a leading axis; the loss is the sum of the
 models' own losses, so each model gets exactly its own gradient, and the optimizers are elementwise, so each gets
 its own update. That is why a clip over a whole gradient (`clipnorm`, `global_clipnorm`) is refused: it would
-clip all the models together. So is a model that draws random numbers while training (Dropout): torch's vmap
+clip all the models together, and a weight constraint (`MaxNorm` would take the norm over every model's weights).
+So is a model that draws random numbers while training (Dropout): torch's vmap
 draws one stream for every model, not each model's own (JAX's trainer takes them).
 
     start = InitialWeights.of(build, data.x_train).draw(seeds)          # keras_side.initial
@@ -163,6 +164,11 @@ def check_separable(model, cfg: TrainConfig) -> None:
         if getattr(cfg, name) is not None:
             raise SpecError(f"{name} clips a gradient by its norm, which over stacked models would clip them together; "
                             "train them one at a time, or use JAX's trainer (vmap clips each model alone)")
+    constrained = next((v for v in model.trainable_variables if v.constraint is not None), None)
+    if constrained is not None:
+        raise SpecError(f"variable {constrained.path!r} has a constraint ({type(constrained.constraint).__name__}), "
+                        "which over stacked weights would see every model's at once; train the models one at a time "
+                        "(loop.train applies it), or use JAX's trainer (vmap constrains each model alone)")
 
 
 def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_rates=None) -> dict:

@@ -521,3 +521,32 @@ def test_grad_at_is_the_gradient_of_what_fit_minimizes(har):
     want, got = loop.grad_at(plain, x, y), loop.grad_at(penalized, x, y)
     np.testing.assert_allclose(got[0] - want[0], 0.1 * weights[0], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
+    """A kernel's `MaxNorm` and `NonNeg` bind while training: the loop applies each constraint after every step, as
+    Keras's optimizer does, and ends where `fit` ends from the same start and batches (the torch and JAX loops used to
+    skip them without a word, 0.8 away from `fit`)."""
+    from keras_side import fit
+    from tests.native.loops import constrained_mlp
+
+    def build(constrained=True):
+        return models.ensure_built(constrained_mlp(constrained), har.x_train)
+
+    cfg = TrainConfig(epochs=2, batch_order="numpy", learning_rate=0.05)
+    seed_everything(0)
+    start = build().get_weights()
+    fast = {"torch": {"compile": True}, "jax": {"driver": "scan"}}.get(ENGINE)  # the engine's fast path too
+    runs = [("fit", fit.train, True, {}), ("loop", loop.train, True, {}), ("free", loop.train, False, {})]
+    trained = {}
+    for name, train, constrained, kwargs in runs + ([("fast", loop.train, True, fast)] if fast else []):
+        model = build(constrained)
+        model.set_weights(start)
+        train(model, har, cfg, **kwargs)
+        trained[name] = model.get_weights()
+    hidden, _, output, _ = trained["loop"]
+    assert np.linalg.norm(hidden, axis=0).max() <= 0.3 * (1 + 1e-6) and output.min() >= 0
+    free_hidden, _, free_output, _ = trained["free"]
+    assert np.linalg.norm(free_hidden, axis=0).max() > 0.4 and free_output.min() < 0  # both constraints bound
+    for name in {"loop", "fast"} & set(trained):
+        np.testing.assert_allclose(flat(trained[name]), flat(trained["fit"]), atol=ZOO_ATOL, rtol=0)

@@ -29,12 +29,13 @@ def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProc
 
 # make test: BatchNorm and Dropout; the penalty's average is the ranks' gradient below, in one process (mlp_l2).
 @pytest.mark.parametrize("build", rows(["keras_side.models:mlp_l2", "keras_side.models:bn_mlp",
-                                        "keras_side.models:dropout_mlp"],
+                                        "keras_side.models:dropout_mlp", "tests.native.loops:constrained_mlp"],
                                        fast=["keras_side.models:bn_mlp", "keras_side.models:dropout_mlp"]))
 def test_two_processes_end_where_one_ends(har, tmp_path, build):
     """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), one with
     BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too), and one with a
-    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`). The HAR's Dense
+    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`); in the full tier, one
+    whose weight constraints bind (each rank applies them after its step). The HAR's Dense
     layers are in all three; `native-loops distributed` runs the HAR itself
     (tests/compare/test_distributed.py)."""
     har.save(tmp_path / "data.npz")

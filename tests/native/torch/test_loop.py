@@ -80,6 +80,13 @@ def test_keras_part_of_a_torch_host_trains_and_moves_to_jax(har, tmp_path):
     assert torch_host.train_host(again, x[:8], y[:8, 0], steps=1, lr=0.0) == torch_host.train_host(
         again, x[:8], y[:8], steps=1, lr=0.0)
 
+    from tests.native.loops import constrained_mlp  # a Keras weight's constraint holds in the host's training too
+
+    bound = torch_host.HostModel(models.ensure_built(constrained_mlp(), har.x_train))
+    torch_host.train_host(bound, x, y, steps=50, lr=0.05)
+    hidden, _, output, _ = bound.har.get_weights()
+    assert np.linalg.norm(hidden, axis=0).max() <= 0.3 * (1 + 1e-6) and output.min() >= 0
+
     weights, x_path, out = tmp_path / "har.weights.h5", tmp_path / "x.npy", tmp_path / "pred.npy"
     host.har.save_weights(str(weights))
     np.save(x_path, har.x_test)

@@ -87,10 +87,13 @@ def test_each_learning_rate_of_a_sweep_trains_as_alone(panel):
     ("har", {"clipnorm": 1.0}, "clip them together"),
     ("har", {"global_clipnorm": 1.0}, "clip them together"),
     ("dropout_mlp", {}, "draws its own"),
+    ("constrained_mlp", {}, "has a constraint \\(MaxNorm\\)"),
 ])
 def test_what_would_tie_the_models_together_is_refused(panel, name, spec, says):
-    data = zoo_data(panel, name)
-    init = InitialWeights.of(ZOO[name].builder(), data.x_train)
+    from tests.native.loops import constrained_mlp
+
+    data = zoo_data(panel, "har" if name == "constrained_mlp" else name)
+    init = InitialWeights.of(constrained_mlp if name == "constrained_mlp" else ZOO[name].builder(), data.x_train)
     cfg = TrainConfig(epochs=1).replace(**spec)
     with pytest.raises(SpecError, match=says):
         torch_many.train_seeds(init.model, data, cfg, init.draw([0, 1]), torch_many.seed_orders(cfg, [0, 1],
