@@ -451,6 +451,20 @@ def check_data(cfg: TrainConfig, data, model) -> None:
     check_outputs(cfg, data.outputs)
     check_model_outputs(model, data.outputs)
     check_labels(cfg, data, model)
+    check_stateless(model)
+
+
+def check_stateless(model) -> None:
+    """A `SpecError` for a recurrent layer built `stateful=True`: it carries its state from one batch to the next,
+    which takes batches of one fixed size in an order kept from epoch to epoch, where every path here shuffles each
+    epoch and calls the model on other batch sizes (a probe row, a whole split). It failed deep inside Keras (a
+    batch size it did not expect, or torch's in-place error)."""
+    layer = next((layer for layer in model._flatten_layers(include_self=True) if getattr(layer, "stateful", False)),
+                 None)
+    if layer is not None:
+        raise SpecError(f"layer {layer.name!r} is stateful (stateful=True), which carries its state across batches "
+                        "of one fixed size in a fixed order; every path here shuffles each epoch and calls the model "
+                        "on other batch sizes, so build it with stateful=False")
 
 
 def check_model_outputs(model, targets: int) -> None:

@@ -77,12 +77,15 @@ def fresh(metrics) -> list:
 
 
 def make_evaluate(model, loss_fn, metrics=()):
-    """`evaluate(trainable, non_trainable, x, y) -> (loss, metric values)`: `fit`'s validation, in inference mode."""
+    """`evaluate(trainable, non_trainable, x, y) -> (loss, metric values, non_trainable)`: `fit`'s validation, in
+    inference mode, and the state after it, which `fit` keeps: an RNN's dropout draws its masks in inference too, so
+    its seed state moves at every validation (nothing else in Keras's layers does)."""
     compute_loss = make_loss(model, loss_fn, training=False)
 
     def evaluate(trainable, non_trainable, x, y):
-        loss, (_, pred) = compute_loss(trainable, non_trainable, x, y)
-        return loss, [m.stateless_result(m.stateless_update_state(v, y, pred)) for m, v in zip(metrics, fresh(metrics))]
+        loss, (non_trainable, pred) = compute_loss(trainable, non_trainable, x, y)
+        values = [m.stateless_result(m.stateless_update_state(v, y, pred)) for m, v in zip(metrics, fresh(metrics))]
+        return loss, values, non_trainable
 
     return evaluate
 
@@ -230,7 +233,8 @@ def _loop_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
         curves["metrics"].append([m.stateless_result(v) for m, v in zip(metrics, state[3])])
         state = (*state[:3], reset)  # Keras resets the metrics every epoch
         if cfg.validate:
-            loss, values = evaluate(state[0], state[1], *val)
+            loss, values, non_trainable = evaluate(state[0], state[1], *val)
+            state = (state[0], non_trainable, *state[2:])
             curves["val_loss"].append(float(loss))
             curves["val_metrics"].append(values)
         if on_epoch:
@@ -262,7 +266,10 @@ def make_fused(step, evaluate, metrics, train_xy, val, cfg: TrainConfig):
             state, last = step(state, _rows(train_xy, rest))
             total += last * rest.shape[0]
         values = [m.stateless_result(v) for m, v in zip(metrics, state[3])]
-        measured = evaluate(state[0], state[1], *val) if cfg.validate else (jnp.nan, [jnp.nan for _ in metrics])
+        measured = (jnp.nan, [jnp.nan for _ in metrics])
+        if cfg.validate:
+            loss, val_values, non_trainable = evaluate(state[0], state[1], *val)
+            state, measured = (state[0], non_trainable, *state[2:]), (loss, val_values)
         return state, (total / order.shape[0], values, measured)
 
     def some(state, order_on):  # an epoch, or nothing in its place

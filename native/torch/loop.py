@@ -369,15 +369,25 @@ def _probe(model, x, device) -> tuple:
     """`(outputs, regularized)` from calls on a row `x` (on the model's `device`) that move no state: the outputs of
     an inference call (their rank), and whether the model adds losses to the objective (its regularizers, an
     `add_loss`), asked after that call and, when it made none, after a training call, since a layer may add a loss
-    only while training, and `fit` counts it. The training call runs in Keras's `StatelessScope`, which keeps what
-    the call would update (BatchNorm's statistics, a seed's state) to itself, with torch's generators forked: an
-    unseeded Dropout draws from the global one, which the run's masks then come from, as `fit`'s do."""
+    only while training, and `fit` counts it. Both calls run in Keras's `StatelessScope`, which keeps what the call
+    would update (BatchNorm's statistics, a seed's state: an RNN's dropout draws its masks in inference too) to
+    itself, with torch's generators forked: an unseeded Dropout draws from the global one, which the run's masks
+    then come from, as `fit`'s do."""
+    def moving_nothing():  # a call in which what would change stays in the scope, the generators as they were
+        devices = [] if device.type == "cpu" else [device]
+        forked = torch.random.fork_rng(devices=devices, device_type=device.type)
+        # every variable's value given, so a weight regularizer's penalty reads it inside the scope
+        return forked, keras.StatelessScope(state_mapping=[(v, v.value) for v in model.variables],
+                                            collect_losses=True)
+
     with torch.no_grad():
-        outputs = _forward(model, x, training=False)
-        if model.losses:
-            return outputs, True
-        forked = torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type)
-        with forked, keras.StatelessScope(collect_losses=True):
+        forked, scope = moving_nothing()
+        with forked, scope:
+            outputs = _forward(model, x, training=False)
+            if model.losses:
+                return outputs, True
+        forked, scope = moving_nothing()
+        with forked, scope:
             _forward(model, x, training=True)
             return outputs, bool(model.losses)
 

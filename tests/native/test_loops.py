@@ -4,7 +4,7 @@ import pytest
 
 from compare.referee import checks
 from compare.data import reference
-from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, ZOO_ATOL
+from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, HISTORY_ATOL, ZOO_ATOL
 from keras_side import models
 from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
@@ -550,3 +550,52 @@ def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
     assert np.linalg.norm(free_hidden, axis=0).max() > 0.4 and free_output.min() < 0  # both constraints bound
     for name in {"loop", "fast"} & set(trained):
         np.testing.assert_allclose(flat(trained[name]), flat(trained["fit"]), atol=ZOO_ATOL, rtol=0)
+
+
+def test_an_rnns_dropout_draws_as_fit_draws_it_validation_included(panel):
+    """A recurrent layer's `dropout` and `recurrent_dropout` draw their masks on every call, in inference too, so a
+    validation moves their seed state, and `fit` keeps that. The loop does the same: the torch loop's probe call
+    moves no state (it drew once before the first step: every mask one draw late, 5e-2 from `fit`), and the JAX loop
+    keeps the state its validation leaves (it kept the one before: 3e-2 from the second epoch on)."""
+    import keras
+
+    from compare.data import panel as har_data
+    from keras_side import fit
+
+    data = har_data.prepare_kind(panel, "sequence")
+
+    def build():
+        return models.ensure_built(keras.Sequential([
+            keras.Input(data.x_train.shape[1:]),
+            keras.layers.LSTM(4, dropout=0.2, recurrent_dropout=0.2, seed=3, return_sequences=True),
+            keras.layers.GRU(4, dropout=0.2, seed=5), keras.layers.Dense(1)]), data.x_train)
+
+    seed_everything(0)
+    start, trained = build().get_weights(), {}
+    for name, train in (("fit", fit.train), ("loop", loop.train)):
+        model = build()
+        model.set_weights(start)
+        trained[name] = train(model, data, TrainConfig(epochs=2, batch_order="numpy"))
+    np.testing.assert_allclose(flat(trained["loop"].weights), flat(trained["fit"].weights), atol=ZOO_ATOL, rtol=0)
+    np.testing.assert_allclose(trained["loop"].val_loss, trained["fit"].val_loss, atol=HISTORY_ATOL, rtol=0)
+
+
+def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
+    """A `stateful=True` RNN carries its state across batches of one fixed size in a fixed order; every path here
+    shuffles and calls the model on a probe row or a whole split. It failed deep inside Keras (a batch size it did not
+    expect on JAX, torch's in-place error in `fit`)."""
+    import keras
+
+    from keras_side import fit
+    from keras_side.config import HarData, Scaling
+    from keras_side.spec import SpecError
+
+    x = np.random.default_rng(0).normal(size=(64, 10, 2)).astype("float32")
+    y = x[:, -1, :1].copy()
+    data = HarData(x[:48], y[:48], x[48:], y[48:], x[48:], y[48:], Scaling(np.zeros(3), np.ones(3), 0.0, 1.0),
+                   ("a",), "test", "test")
+    for train in (loop.train, fit.train):
+        model = keras.Sequential([keras.Input((10, 2), batch_size=16), keras.layers.LSTM(4, stateful=True),
+                                  keras.layers.Dense(1)])
+        with pytest.raises(SpecError, match=r"layer 'lstm\w*' is stateful \(stateful=True\).*stateful=False"):
+            train(model, data, TrainConfig(epochs=1, batch_size=16))
