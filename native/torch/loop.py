@@ -26,6 +26,7 @@ import contextlib
 import functools
 import inspect
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 from keras.src.backend import get_autocast_scope
 from keras.src.backend.torch.core import get_device
 from keras.src.backend.torch.random import torch_seed_generator
+from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
 from keras.src.layers.rnn.lstm import LSTMCell
 from keras.src.models import functional
 from keras.src.models.functional import Functional
@@ -476,6 +478,19 @@ def drawable(layer) -> bool:
             and layer.seed_generator._initial_seed is not None)
 
 
+def global_generator_layers(model) -> list:
+    """The layers whose masks come from torch's global generator: Keras's dropout unseeded (a Dropout with no noise
+    shape, a recurrent cell's dropout) is `torch.nn.functional.dropout` on torch (`keras.src.backend.torch.random`),
+    and `fit`'s data loader draws from that generator too (docs/zoo.md): the loop draws other masks than `fit`."""
+    def unseeded(layer) -> bool:
+        generator = getattr(layer, "seed_generator", None)
+        return generator is not None and generator._initial_seed is None and (
+            (isinstance(layer, keras.layers.Dropout) and layer.noise_shape is None and 0 < layer.rate < 1)
+            or (isinstance(layer, DropoutRNNCell) and (layer.dropout > 0 or layer.recurrent_dropout > 0)))
+
+    return [layer for layer in drawing_layers(model) if unseeded(layer)]
+
+
 def _drops(layer) -> bool:
     """A Keras Dropout that drops something when it trains (a rate above 0): the layers whose masks `Draws` draws."""
     return isinstance(layer, keras.layers.Dropout) and layer.rate > 0
@@ -504,6 +519,12 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     with `torch.save`); `resume=True` goes on from the last one there."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     check_data(cfg, data, ensure_built(model, data.x_train))
+    unseeded = global_generator_layers(model)
+    if unseeded:
+        warnings.warn(f"layer {unseeded[0].name!r} drops out unseeded: on torch, Keras draws its masks from torch's "
+                      "global generator, which fit's data loader draws from too, so this loop's masks (and weights) "
+                      "are not fit's; give it a seed (Dropout(rate, seed=...), LSTM(..., seed=...)) to train as fit "
+                      "does", stacklevel=2)
     device = next(model.parameters()).device
     # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
     params = [p for p in model.parameters() if p.requires_grad]

@@ -132,10 +132,15 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
         return flat(model.get_weights())
 
     want = trained(fit.train)
-    gap = np.max(np.abs(trained(torch_loop.train) - want))
+    with pytest.warns(UserWarning, match=r"layer 'dropout\w*' drops out unseeded: .* give it a seed"):  # said
+        gap = np.max(np.abs(trained(torch_loop.train) - want))
     print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epochs")
     assert gap > 1e-3
-    np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
+    with pytest.warns(UserWarning, match="drops out unseeded"):
+        np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
+    assert torch_loop.global_generator_layers(models.dropout_mlp()) == []  # seeded: its own generator, as in fit
+    lstm = keras.Sequential([keras.Input((5, 2)), keras.layers.LSTM(2, recurrent_dropout=0.1)])
+    assert [type(layer).__name__ for layer in torch_loop.global_generator_layers(lstm)] == ["LSTMCell"]
 
 
 @pytest.mark.parametrize("name, logits", [(n, False) for n in sorted(torch_loop.TORCH_LOSSES)] +
