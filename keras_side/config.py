@@ -71,7 +71,12 @@ class HarData:
     def __post_init__(self):
         """A data set every path can train on, or a ValueError naming what is wrong with it: each split's inputs,
         targets (and training weights) with as many rows, some training rows, no NaN or infinity (a loop would
-        train on fewer rows than given, or return NaN weights, without a word)."""
+        train on fewer rows than given, or return NaN weights, without a word). A tuple of one array is that array,
+        as Keras takes a list of one (a loop read it as several inputs or targets and failed)."""
+        for name in (f"{xy}_{split}" for split in SPLITS for xy in "xy"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) == 1:
+                object.__setattr__(self, name, value[0])
         for split in SPLITS:
             named = {f"{xy}_{split}": getattr(self, f"{xy}_{split}") for xy in "xy"}
             if split == "train" and self.w_train is not None:

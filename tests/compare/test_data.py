@@ -227,3 +227,13 @@ def test_a_data_set_no_path_can_train_on_is_one_error(har, change, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         dataclasses.replace(har, **change(har))
+
+
+def test_a_tuple_of_one_array_is_that_array(har):
+    """As Keras takes a list of one input or target: a loop read `(y,)` as several targets and failed (torch's
+    "unsupported operand type(s) for -: 'tuple' and 'Tensor'")."""
+    import dataclasses
+
+    one = dataclasses.replace(har, x_train=(har.x_train,), y_train=(har.y_train,), y_test=(har.y_test,))
+    assert one.x_train is har.x_train and one.y_train is har.y_train and one.y_test is har.y_test
+    assert one.outputs == 1 and one.n_train == har.n_train
