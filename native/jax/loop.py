@@ -311,7 +311,8 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """`jax.grad` of the training objective at the model's current weights, in `model.trainable_weights` order: the
     batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
-    outputs) unless `loss(y_true, y_pred)` says otherwise; yours gets the targets and predictions as they are."""
+    outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
+    which gets the targets and predictions as they are."""
     x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]

@@ -797,7 +797,8 @@ def _evaluate(model, loss_fn, x, y, regularized: bool, metrics: EpochMetrics) ->
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:
     """Autograd gradient of the training objective at the current weights, in `model.trainable_weights` order: the
     batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
-    outputs) unless `loss(y_true, y_pred)` says otherwise; yours gets the targets and predictions as they are."""
+    outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
+    which gets the targets and predictions as they are."""
     x, y = verb_arrays(x), verb_arrays(y, "y")
     ensure_built(model, x)
     device = next(model.parameters()).device

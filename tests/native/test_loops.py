@@ -523,6 +523,25 @@ def test_grad_at_is_the_gradient_of_what_fit_minimizes(har):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def test_grad_at_takes_a_loss_by_the_specs_name(har):
+    """`grad_at(..., loss="mae")` is the gradient of the spec's MAE, as of a callable written for it (a name was
+    "'str' object is not callable"); a name the spec does not know is its one-line SpecError."""
+    import keras
+
+    from keras_side.spec import SpecError
+
+    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
+    model = models.har()
+    model.set_weights(weights)
+    named = loop.grad_at(model, x, y, loss="mae")
+    by_hand = loop.grad_at(model, x, y, loss=lambda t, p: keras.ops.abs(p - t))
+    for a, b in zip(named, by_hand, strict=True):
+        np.testing.assert_allclose(a, b, rtol=GRAD_RTOL_F32, atol=0)
+    assert not np.allclose(flat(named), flat(loop.grad_at(model, x, y)))  # not MSE's
+    with pytest.raises(SpecError, match="unknown loss 'maee'"):
+        loop.grad_at(model, x, y, loss="maee")
+
+
 def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
     """A kernel's `MaxNorm` and `NonNeg` bind while training: the loop applies each constraint after every step, as
     Keras's optimizer does, and ends where `fit` ends from the same start and batches (the torch and JAX loops used to
