@@ -294,9 +294,16 @@ def _schedule_problems(c: TrainConfig):
 
 
 def resolve(spec: str):
-    """The object named by 'module:function'; a `SpecError` if the module has no such name."""
+    """The object named by 'module:function'; a `SpecError` if there is no such module (an import inside the module
+    that fails is the module's own error, raised as it is) or the module has no such name."""
     module, name = spec.split(":")
-    imported = importlib.import_module(module)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+            raise
+        raise SpecError(f"{spec!r}: no module named {err.name!r} here; give module:function, the module importable "
+                        "from here (on PYTHONPATH)") from None
     try:
         return getattr(imported, name)
     except AttributeError:  # was the AttributeError, with a traceback from every launched process

@@ -98,6 +98,13 @@ def test_a_builder_the_module_does_not_have_is_one_clear_error():
     with pytest.raises(SpecError, match="^'keras_side.models:nope': module 'keras_side.models' has no 'nope'; give "
                                         "module:function$"):
         resolve("keras_side.models:nope")
+    for missing, name in (("nomodule:f", "nomodule"), ("keras_side.nomodule:f", "keras_side.nomodule")):
+        with pytest.raises(SpecError, match=f"^'{missing}': no module named '{name}' here; give module:function"):
+            resolve(missing)  # was ModuleNotFoundError at the first step
+    from keras_side.spec import keras_loss
+
+    with pytest.raises(SpecError, match="no module named 'nomodule'"):  # a loss so named, as a path builds it
+        keras_loss(TrainConfig(loss="nomodule:f"))
 
 
 def test_numpy_integers_are_whole_numbers():
