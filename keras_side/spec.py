@@ -120,6 +120,12 @@ class TrainConfig:
     # engine the same update (docs/optimizers.md); torch's and JAX's gradients are dense already.
     dense_gradients: bool = False
 
+    def __new__(cls, *args, **fields):
+        """A name that is not a field is the SpecError of `from_dict`, naming the nearest field (`TrainConfig(lr=0.1)`
+        was the dataclass's TypeError "unexpected keyword argument 'lr'")."""
+        _known_fields(fields)
+        return super().__new__(cls)
+
     def __post_init__(self):
         # Lists arrive from JSON (the worker protocol); the frozen spec keeps tuples.
         for name in ("epochs", "batch_size", "seed"):  # a NumPy integer (a seed from np.arange) is a whole number
@@ -178,11 +184,14 @@ class TrainConfig:
 DATA_PARALLEL = {"batch_order": "numpy", "validate": False}
 
 
+ALIASES = {"lr": "learning_rate"}  # other libraries' names for a field, which difflib would not find
+
+
 def _known_fields(names) -> None:
     known = [f.name for f in dataclasses.fields(TrainConfig)]
     for name in names:
         if name not in known:
-            near = difflib.get_close_matches(str(name), known, n=1)
+            near = [ALIASES[name]] if name in ALIASES else difflib.get_close_matches(str(name), known, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise SpecError(f"{name!r} is not a field of the training spec{hint}; its fields: {', '.join(known)}")
 

@@ -65,6 +65,11 @@ def test_a_name_that_is_not_a_field_is_one_clear_error_naming_the_nearest():
     with pytest.raises(SpecError, match=r"^'zzz' is not a field of the training spec; its fields: "):
         TrainConfig.from_dict({"zzz": 1})
     assert TrainConfig.from_dict({"optimizer": "sgd"}) == TrainConfig(optimizer="sgd")
+    # the constructor too, and another library's name for a field (difflib finds no 'learning_rate' in 'lr')
+    with pytest.raises(SpecError, match=r"^'lr' is not a field of the training spec \(did you mean 'learning_rate'"):
+        TrainConfig(lr=0.1)
+    with pytest.raises(SpecError, match=r"^'epoch' is not a field .*\(did you mean 'epochs'\?\)"):
+        TrainConfig(2, epoch=3)
 
 
 def test_a_spec_travels_as_json_and_comes_back_equal():
