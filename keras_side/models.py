@@ -194,13 +194,19 @@ def weight_constraints(model: keras.Model) -> list:
 
 
 def ensure_built(model: keras.Model, x) -> keras.Model:
-    """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built). What a model
-    builder returned: anything but a `keras.Model` is a TypeError naming it."""
+    """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built), leaving the
+    seed states of the weights it already had as they were. What a model builder returned: anything but a
+    `keras.Model` is a TypeError naming it."""
     if not isinstance(model, keras.Model):
         raise TypeError(f"the model builder returned {type(model).__name__}, not a keras.Model; return the model "
                         "(a layer goes in keras.Sequential([...]))")
     if not model.built or not model.weights:
+        # The call may draw (an RNN's dropout draws in inference too): the seed states of the weights there were
+        # before it, as they were (a wrapper around a built model, `fit.Wrapped`, drew its masks one draw late).
+        kept = [(v, keras.ops.convert_to_numpy(v.value)) for v in model.non_trainable_variables]
         model(keras_inputs(take(x, slice(0, 1))))
+        for variable, value in kept:
+            variable.assign(value)
     return model
 
 

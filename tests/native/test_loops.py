@@ -575,7 +575,8 @@ def test_an_rnns_dropout_draws_as_fit_draws_it_validation_included(panel):
     """A recurrent layer's `dropout` and `recurrent_dropout` draw their masks on every call, in inference too, so a
     validation moves their seed state, and `fit` keeps that. The loop does the same: the torch loop's probe call
     moves no state (it drew once before the first step: every mask one draw late, 5e-2 from `fit`), and the JAX loop
-    keeps the state its validation leaves (it kept the one before: 3e-2 from the second epoch on)."""
+    keeps the state its validation leaves (it kept the one before: 3e-2 from the second epoch on). `fit` with our
+    `train_step` too: building its wrapper (a call) drew once (`ensure_built` now puts the seed states back)."""
     import keras
 
     from compare.data import panel as har_data
@@ -591,12 +592,16 @@ def test_an_rnns_dropout_draws_as_fit_draws_it_validation_included(panel):
 
     seed_everything(0)
     start, trained = build().get_weights(), {}
-    for name, train in (("fit", fit.train), ("loop", loop.train)):
+    from compare.engines import paths
+
+    own_step = paths.get(f"keras-{ENGINE}-train-step").load().train  # fit with our train_step: its wrapper's build
+    for name, train in (("fit", fit.train), ("loop", loop.train), ("train-step", own_step)):  # call drew once
         model = build()
         model.set_weights(start)
         trained[name] = train(model, data, TrainConfig(epochs=2, batch_order="numpy"))
-    np.testing.assert_allclose(flat(trained["loop"].weights), flat(trained["fit"].weights), atol=ZOO_ATOL, rtol=0)
-    np.testing.assert_allclose(trained["loop"].val_loss, trained["fit"].val_loss, atol=HISTORY_ATOL, rtol=0)
+    for name in ("loop", "train-step"):
+        np.testing.assert_allclose(flat(trained[name].weights), flat(trained["fit"].weights), atol=ZOO_ATOL, rtol=0)
+        np.testing.assert_allclose(trained[name].val_loss, trained["fit"].val_loss, atol=HISTORY_ATOL, rtol=0)
 
 
 def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
