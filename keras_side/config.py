@@ -284,8 +284,12 @@ def save_npz(path, **arrays) -> None:
     """Arrays to one `.npz`, whole or not at all: written beside `path`, then renamed onto it."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except BaseException:  # nothing left beside it (a full disk, `path` a folder)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_trained(path, weights, seconds: float, cpus: list[list[int] | None] | None = None, *,

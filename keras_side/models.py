@@ -10,6 +10,7 @@ import numpy as np
 from keras import layers
 
 from keras_side.config import SEQUENCE_DAYS, keras_inputs, take
+from keras_side.spec import SpecError
 
 HAR_INPUTS = 3
 N_ASSETS = 6
@@ -193,12 +194,17 @@ def weight_constraints(model: keras.Model) -> list:
     return [v.constraint for v in model.trainable_variables]
 
 
+class BuilderError(SpecError, TypeError):
+    """A model builder that returned something other than a `keras.Model`: a TypeError, and a SpecError, so that
+    every path and launcher says it in one line."""
+
+
 def ensure_built(model: keras.Model, x) -> keras.Model:
     """Create a subclassed model's weights by calling it once on a row of `x` (a no-op once built), leaving the
     seed states of the weights it already had as they were. What a model builder returned: anything but a
     `keras.Model` is a TypeError naming it."""
     if not isinstance(model, keras.Model):
-        raise TypeError(f"the model builder returned {type(model).__name__}, not a keras.Model; return the model "
+        raise BuilderError(f"the model builder returned {type(model).__name__}, not a keras.Model; return the model "
                         "(a layer goes in keras.Sequential([...]))")
     if not model.built or not model.weights:
         # The call may draw (an RNN's dropout draws in inference too): the seed states of the weights there were

@@ -132,6 +132,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 object.__setattr__(self, name, int(value))
+        for problem in _type_problems(self):  # before anything compares or converts them
+            raise SpecError(problem)
         object.__setattr__(self, "boundaries", tuple(int(b) for b in self.boundaries))
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -200,6 +202,27 @@ def data_parallel_config(fields: str | dict) -> TrainConfig:
     """The spec a data-parallel launcher trains, from its `--config` of TrainConfig fields (the JSON, or the dict it
     holds): DATA_PARALLEL's, unless the fields say otherwise."""
     return TrainConfig.from_dict({**DATA_PARALLEL, **(json.loads(fields) if isinstance(fields, str) else fields)})
+
+
+def _type_problems(c: TrainConfig):
+    """A field of the wrong kind (a JSON `"0.1"` for a number, `"mae"` for a tuple of metrics), named as the other
+    problems are: each was a TypeError from a comparison further on (or a metric list of 'm', 'a', 'e')."""
+    for f in dataclasses.fields(c):
+        value, kind = getattr(c, f.name), f.type.removesuffix(" | None")
+        if value is None and f.type.endswith(" | None"):
+            continue
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if kind == "float" and not number:
+            yield f"{f.name} must be a number, got {value!r}"
+        elif kind == "int" and f.name not in ("epochs", "batch_size", "seed") and not (
+                number and isinstance(value, numbers.Integral)):  # those three: `_problems` says more
+            yield f"{f.name} must be a whole number, got {value!r}"
+        elif kind in ("tuple[int, ...]", "tuple[float, ...]", "tuple[str, ...]") and (
+                not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) if kind == "tuple[str, ...]" else
+                    isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)):
+            item = {"tuple[int, ...]": "whole numbers", "tuple[float, ...]": "numbers", "tuple[str, ...]": "names"}
+            yield f"{f.name} must be a tuple of {item[kind]} (a JSON list), got {value!r}"
 
 
 def _problems(c: TrainConfig):

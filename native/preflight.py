@@ -57,6 +57,9 @@ def launch_args(args, *, count: int | None = None, what: str = "processes", wind
         raise LaunchError(f"--build {args.build!r}: give module:function, the module importable from here "
                           "(on PYTHONPATH)")
     out = Path(args.out)
+    if out.is_dir():  # found after the whole training, when the weights are written
+        raise LaunchError(f"--out {args.out!r} is a folder; give the file to write the weights to, e.g. "
+                          f"{str(out / 'weights.npz')!r}")
     if not out.parent.is_dir():
         raise LaunchError(f"--out {args.out!r}: its folder {out.parent} does not exist; create it, or give another")
     return cfg, data

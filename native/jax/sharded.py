@@ -206,9 +206,10 @@ def _fit(args, cfg: TrainConfig, data: HarData) -> int:
 
     cores.pin_launched()  # every core the launcher names: this one process runs every device
     if args.devices is not None and len(jax.devices()) != args.devices:
-        raise SystemExit(f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "
-                         f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
-                         f"={args.devices} before JAX starts")
+        raise preflight.LaunchError(
+            f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "
+            f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count"
+            f"={args.devices} before JAX starts")
 
     seed_everything(cfg.seed)
     start = time.perf_counter()
@@ -309,8 +310,8 @@ def main(argv=None) -> int:
     if args.fit:
         try:
             return _fit(args, cfg, data)
-        except SpecError as err:  # what only training finds: batches that do not split over the devices...
-            return preflight.one_line(parser.prog, err)
+        except (SpecError, preflight.LaunchError) as err:  # what only training finds: batches that do not split
+            return preflight.one_line(parser.prog, err)  # over the devices, fewer devices than --devices...
     if args.process_id is not None:
         return _process(args)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # launch's cleanup stops the processes

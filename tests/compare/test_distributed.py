@@ -378,6 +378,8 @@ LAUNCH_CASES = [
     (dict(build="keras_side.models"), "--build 'keras_side.models': give module:function"),
     (dict(build="no_package.sub:f"), "--build 'no_package.sub:f': give module:function"),
     (dict(out="nodir/w.npz"), "--out '{tmp}/nodir/w.npz': its folder {tmp}/nodir does not exist"),
+    (dict(out=""), "--out '{tmp}' is a folder; give the file to write the weights to"),  # after the training
+    (dict(config='{"learning_rate": "0.1"}'), "--config: learning_rate must be a number, got '0.1'"),  # TypeError
     (dict(count=0), "--processes must be between 1 and this machine's"),
     (dict(count=-1), "--processes must be between 1 and this machine's"),
     (dict(count=10_000), "--processes must be between 1 and this machine's"),
@@ -417,6 +419,9 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
 @pytest.mark.parametrize("engine, command, config, message", [
     # the HAR's training rows leave an odd last batch, which Keras's DataParallel cannot split over 2 devices
     ("jax", ["-m", "native.jax.sharded", "--fit", "--devices", "2"], "{}", "rows does not split"),
+    # more devices than JAX sees: it was exit 1, a line with no "error:" (SystemExit)
+    ("jax", ["-m", "native.jax.sharded", "--fit", "--devices", "3"], "{}",
+     "asked for fit over 3 devices, and JAX sees 2"),
     # the second process stopped, never refusing: it was every process's log, the second's killed or aborted
     ("jax", ["-m", "native.jax.sharded", "--processes", "2", "--build", "tests.native.faults:har_in_the_first_"
              "process_only"], '{"loss": "sparse_categorical_crossentropy"}', "which sparse_categorical_crossentropy cannot "

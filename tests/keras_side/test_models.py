@@ -161,3 +161,13 @@ def test_drawing_layers_are_those_that_draw_when_they_train(model, drawing):
     """What data parallelism must draw as one process does, or refuse: not an LSTM cell with no dropout (the zoo's
     LSTM was refused by DDP when every holder of a SeedGenerator counted)."""
     assert [type(layer).__name__ for layer in models.drawing_layers(model())] == drawing
+
+
+def test_a_builder_that_returns_no_model_is_a_spec_error_the_launchers_say_in_one_line(har):
+    """A TypeError, as before, and a SpecError, which every launcher prints as one line, exit 2 (it was a traceback
+    from every process)."""
+    from keras_side.spec import SpecError
+
+    for error in (TypeError, SpecError):
+        with pytest.raises(error, match="^the model builder returned Dense, not a keras.Model; return the model"):
+            models.ensure_built(keras.layers.Dense(1), har.x_train)

@@ -46,6 +46,13 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(loss=("mse", "mae"), loss_weights=(0, 0)), "loss_weights must be numbers >= 0, at least one of them > 0"),
     (dict(loss=("mse", "mae"), loss_weights="1,0.5"), "loss_weights must be a tuple of numbers"),
     (dict(loss=("mse", "mae"), loss_weights=0.5), "loss_weights must be a tuple of numbers"),
+    # a field of the wrong kind (JSON gives strings and nulls): each was a TypeError from a comparison further on
+    (dict(learning_rate="0.1"), "learning_rate must be a number, got '0.1'"),
+    (dict(epsilon=None), "epsilon must be a number, got None"),
+    (dict(optimizer="sgd", momentum="0.9"), "momentum must be a number, got '0.9'"),
+    (dict(clipnorm=True), "clipnorm must be a number, got True"),
+    (dict(patience="3"), "patience must be a whole number, got '3'"),
+    (dict(metrics="mae"), "metrics must be a tuple of names (a JSON list), got 'mae'"),  # was "got m, a, e"
     (dict(dense_gradients="no"), "dense_gradients must be True or False, got 'no'"),
     (dict(validate=None), "validate must be True or False"),
     (dict(loss=("mse", "mae"), metrics=("mae",)), "metrics on a model with several outputs"),
