@@ -237,3 +237,13 @@ def test_a_tuple_of_one_array_is_that_array(har):
     one = dataclasses.replace(har, x_train=(har.x_train,), y_train=(har.y_train,), y_test=(har.y_test,))
     assert one.x_train is har.x_train and one.y_train is har.y_train and one.y_test is har.y_test
     assert one.outputs == 1 and one.n_train == har.n_train
+
+
+def test_save_npz_leaves_nothing_beside_a_path_it_cannot_write(tmp_path):
+    """Whole or not at all: a failed rename (here onto a folder) removes the temporary file it wrote first."""
+    from keras_side.config import save_npz
+
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(OSError):
+        save_npz(tmp_path / "taken", w=np.zeros(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]
