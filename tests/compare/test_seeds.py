@@ -41,7 +41,8 @@ def test_rank_is_the_share_below():
 
 
 @pytest.mark.parametrize("args, says", [
-    (["seeds", "--seeds", "1"], "--seeds must be between 2"),
+    (["seeds", "--seeds", "1"], "--seeds must be between 15"),
+    (["seeds", "--seeds", "14"], "--seeds must be between 15 and 5,000 (the tolerance is the 99th percentile"),
     (["seeds", "--engines", "mxnet"], "unknown engine(s) mxnet"),
     (["seeds", "--model", "resnet"], "unknown model 'resnet'"),
     (["seeds", "--engines", "tensorflow"], "add jax"),
@@ -68,16 +69,16 @@ def test_seeds_end_to_end(tmp_path, capsys):
     """A small run on every engine: each engine's seeds and default run in seeds.json, the checks with their
     numbers, the figure; the exit code says whether every check passed."""
     out = tmp_path / "run"
-    code = cli.main(["seeds", "--seeds", "6", "--epochs", "3", "--out", str(out)])
+    code = cli.main(["seeds", "--seeds", "15", "--epochs", "3", "--out", str(out)])
     found = json.loads((out / "seeds.json").read_text())
     assert code == (0 if all(c["passed"] for c in found["checks"]) else 1)
-    assert found["seeds"] == list(range(1, 7)) and found["seed"] == 0 and found["versions"]["keras"] == "3.15.1"
+    assert found["seeds"] == list(range(1, 16)) and found["seed"] == 0 and found["versions"]["keras"] == "3.15.1"
     # every option, given or by default: what reproduces the run with its seed (the data's asset, split, end too)
     assert found["options"] | {"out": None} == {
         "asset": "indice", "command": "seeds", "data": None, "end": None, "engines": "torch,jax,tensorflow",
-        "epochs": 3, "model": "har", "out": None, "seed": 0, "seeds": 6, "split": "2018-01-01",
+        "epochs": 3, "model": "har", "out": None, "seed": 0, "seeds": 15, "split": "2018-01-01",
         "validation": "last-year"}
-    assert found["engines"]["jax"]["seeds"] == found["engines"]["torch"]["seeds"] == 6
+    assert found["engines"]["jax"]["seeds"] == found["engines"]["torch"]["seeds"] == 15
     assert "seeds" not in found["engines"]["tensorflow"]  # its default run only, judged against the others'
     assert len(found["checks"]) == 6 and all(c["tolerance"] > 0 for c in found["checks"])
     quantiles = found["engines"]["jax"]["quantiles"]["slope_d1"]
