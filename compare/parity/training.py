@@ -46,14 +46,18 @@ CAUSES = {
                 "or gradients changed (clipped, scaled) before they are returned",
     "update": "equal gradients, another update: an optimizer convention (Adam's epsilon inside or outside the bias "
               "correction, the momentum form, where the clip applies, a schedule's step count) or another "
-              "hyperparameter; native.<engine>.optim has Keras's rule in each engine's optimizer API",
+              "hyperparameter; native.<engine>.optim has Keras's rule in each engine's optimizer API; a weight's "
+              "constraint (kernel_constraint=...) left out, which Keras's optimizer applies after the update "
+              "(native.<engine>.loop applies it too); or, against TensorFlow, an Embedding's sparse gradient, "
+              "which Keras's optimizers take row by row there (spec dense_gradients=True)",
     "noise": "equal gradients, another update where the gradient is ~0 (|gradient| <= atol where each weight's "
              "update differs most): rounding below tolerance that the optimizer scales up (Adam divides by "
              "sqrt(v), so a zero gradient's noise takes full steps); a weight whose exact gradient is zero, like a "
              "bias before BatchNorm, is noise on every engine: drop it (use_bias=False) or compare within one engine",
     "unseen": "another update, from gradients that could not be compared here (both paths take fit's objective "
               "on one engine): an optimizer convention (Adam's epsilon, the momentum form, where the clip applies, a "
-              "schedule's step count), or the loss or gradient of one path",
+              "schedule's step count), a weight's constraint left out (Keras's optimizer applies it after the "
+              "update), or the loss or gradient of one path",
     "state": "equal updates of the trainable weights, another non-trainable state: BatchNorm's moving statistics or "
              "a random layer's seed state not threaded through the step (JAX: keep the non_trainable that "
              "stateless_call returns), or the model called with training=False",
