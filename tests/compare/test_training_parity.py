@@ -93,6 +93,7 @@ def test_the_engines_stock_optimizer_is_named_as_an_update(training_parity):
                                 "engine) · update DIFFERS")
     assert report["likely cause"].startswith("likely cause: another update, from gradients that could not be "
                                              "compared here")
+    assert "a weight's constraint left out" in report["likely cause"]  # a user's step without it: an update too
 
 
 def test_a_model_with_two_outputs_is_traced_too(training_parity, panel):
