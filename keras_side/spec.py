@@ -491,9 +491,34 @@ def check_data(cfg: TrainConfig, data, model) -> None:
     """What every path checks before it trains, a `SpecError` naming the fix: one loss per target, one output of the
     (built) model per target, and class labels its loss can take."""
     check_outputs(cfg, data.outputs)
+    check_model_inputs(model, data.x_train)
     check_model_outputs(model, data.outputs)
     check_labels(cfg, data, model)
     check_stateless(model)
+
+
+def check_model_inputs(model, x) -> None:
+    """A `SpecError` unless a Sequential or Functional model's declared inputs take `x`: one array per input, each
+    row of the shape the input declares (where it declares a size). Keras said it from inside the first call, on
+    torch in 9 lines about the loop's one-row probe. A subclassed model declares nothing: Keras says it then."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return
+    if not inputs:
+        return
+    arrays = x if isinstance(x, (list, tuple)) else (x,)
+    if len(arrays) != len(inputs):
+        raise SpecError(f"the model has {len(inputs)} input(s) but x holds {len(arrays)} array(s); give one array "
+                        "per input (x as a tuple, in the model's order)")
+    for i, (tensor, array) in enumerate(zip(inputs, arrays)):
+        declared, rows = tuple(tensor.shape[1:]), tuple(getattr(array, "shape", ())[1:])
+        if len(declared) == len(rows) and any(d is not None and d != r for d, r in zip(declared, rows)):
+            which = f"x[{i}]" if len(arrays) > 1 else "x"
+            history = getattr(tensor, "_keras_history", None)  # its Input layer's name, not the tensor's
+            name = history.operation.name if history else tensor.name
+            raise SpecError(f"{which} has rows of shape {rows} but the model's input {name!r} takes "
+                            f"{tuple(declared)}; give data of the model's input shape, or build the model for yours")
 
 
 def check_stateless(model) -> None:

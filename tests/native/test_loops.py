@@ -623,3 +623,23 @@ def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
                                   keras.layers.Dense(1)])
         with pytest.raises(SpecError, match=r"layer 'lstm\w*' is stateful \(stateful=True\).*stateful=False"):
             train(model, data, TrainConfig(epochs=1, batch_size=16))
+
+
+def test_data_that_the_models_inputs_do_not_take_is_one_spec_error(har, panel):
+    """Keras said it from inside the first call: on torch in 9 lines about the loop's one-row probe, `(1, 4)`."""
+    import dataclasses
+
+    from compare.data import panel as har_data
+    from keras_side import fit
+    from keras_side.spec import SpecError
+
+    wide = dataclasses.replace(har, **{f"x_{s}": np.ones((len(getattr(har, f"x_{s}")), 4), np.float32)
+                                       for s in ("train", "val", "test")})
+    for train in (loop.train, fit.train):
+        with pytest.raises(SpecError, match=r"^x has rows of shape \(4,\) but the model's input 'input_layer\w*' "
+                                            r"takes \(3,\); give data of the model's input shape"):
+            train(models.har(), wide, TrainConfig(epochs=1))
+    two = har_data.prepare_kind(panel, "panel")
+    one = dataclasses.replace(two, x_train=two.x_train[0], x_val=two.x_val[0], x_test=two.x_test[0])
+    with pytest.raises(SpecError, match=r"^the model has 2 input\(s\) but x holds 1 array\(s\)"):
+        loop.train(models.panel(), one, TrainConfig(epochs=1))
