@@ -187,6 +187,14 @@ def drawing_layers(model: keras.Model) -> list[layers.Layer]:
     return [layer for layer in model._flatten_layers(include_self=True) if draws(layer)]
 
 
+def inference_drawing_layers(model: keras.Model) -> list[layers.Layer]:
+    """The layers that draw in inference too: Keras's recurrent cells with dropout (an RNN draws its masks on every
+    call, `training` or not), whose seed state each validation moves, and `fit` keeps."""
+    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+
+    return [layer for layer in drawing_layers(model) if isinstance(layer, DropoutRNNCell)]
+
+
 def weight_constraints(model: keras.Model) -> list:
     """Each trainable variable's constraint (`kernel_constraint=MaxNorm(...)`, ...) or None, in
     `model.trainable_variables` order. Keras's optimizer applies them after every update, `w = constraint(w)` (in

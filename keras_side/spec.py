@@ -218,11 +218,22 @@ def _type_problems(c: TrainConfig):
                 number and isinstance(value, numbers.Integral)):  # those three: `_problems` says more
             yield f"{f.name} must be a whole number, got {value!r}"
         elif kind in ("tuple[int, ...]", "tuple[float, ...]", "tuple[str, ...]") and (
-                not isinstance(value, (list, tuple)) or not all(
-                    isinstance(v, str) if kind == "tuple[str, ...]" else
-                    isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)):
+                not _sequence(value) or not all(_of_kind(v, kind) for v in value)):
             item = {"tuple[int, ...]": "whole numbers", "tuple[float, ...]": "numbers", "tuple[str, ...]": "names"}
             yield f"{f.name} must be a tuple of {item[kind]} (a JSON list), got {value!r}"
+
+
+def _sequence(value) -> bool:
+    """A list, a tuple or a 1-D NumPy array (`np.linspace(...)` for a schedule's boundaries)."""
+    return isinstance(value, (list, tuple)) or (hasattr(value, "ndim") and hasattr(value, "tolist") and
+                                                value.ndim == 1)
+
+
+def _of_kind(v, kind: str) -> bool:
+    if kind == "tuple[str, ...]":
+        return isinstance(v, str)
+    number = isinstance(v, numbers.Real) and not isinstance(v, bool)  # 10.7 is no boundary: it was cut to 10
+    return number and (kind == "tuple[float, ...]" or isinstance(v, numbers.Integral) or float(v).is_integer())
 
 
 def _problems(c: TrainConfig):
@@ -499,8 +510,9 @@ def check_data(cfg: TrainConfig, data, model) -> None:
 
 def check_model_inputs(model, x) -> None:
     """A `SpecError` unless a Sequential or Functional model's declared inputs take `x`: one array per input, each
-    row of the shape the input declares (where it declares a size). Keras said it from inside the first call, on
-    torch in 9 lines about the loop's one-row probe. A subclassed model declares nothing: Keras says it then."""
+    of the width (last axis) its input declares, where it declares one. Keras said it from inside the first call,
+    on torch in 9 lines about the loop's one-row probe. The other axes are not checked: Keras runs an RNN declared
+    for 10 days on 12 (it warns). A subclassed model declares nothing: Keras says it then."""
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
@@ -513,7 +525,7 @@ def check_model_inputs(model, x) -> None:
                         "per input (x as a tuple, in the model's order)")
     for i, (tensor, array) in enumerate(zip(inputs, arrays)):
         declared, rows = tuple(tensor.shape[1:]), tuple(getattr(array, "shape", ())[1:])
-        if len(declared) == len(rows) and any(d is not None and d != r for d, r in zip(declared, rows)):
+        if len(declared) == len(rows) and rows and declared[-1] is not None and declared[-1] != rows[-1]:
             which = f"x[{i}]" if len(arrays) > 1 else "x"
             history = getattr(tensor, "_keras_history", None)  # its Input layer's name, not the tensor's
             name = history.operation.name if history else tensor.name

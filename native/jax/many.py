@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side.config import HarData, keras_inputs, output_arrays
 from keras_side.initial import InitialWeights
+from keras_side.models import inference_drawing_layers
 from keras_side.spec import TrainConfig, check_data, keras_metrics, training_loss
 from native.jax import convolution, loop, optim
 
@@ -215,8 +216,11 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     loss_fn, metrics = training_loss(cfg), keras_metrics(cfg)
     train_xy, val = loop.arrays(data)
     evaluate = loop.make_evaluate(model, loss_fn, metrics)
+    # The validation loss once, at the end; every epoch where a validation moves a recurrent dropout's seed state
+    # (`inference_drawing_layers`), as it moves in the loop and in fit.
+    each_epoch = cfg.validate and bool(inference_drawing_layers(model))
     run = loop.make_fused(loop.make_step(model, loss_fn, optimizer, metrics), evaluate, metrics, train_xy, val,
-                          cfg.replace(validate=False))  # the validation loss once, at the end
+                          cfg.replace(validate=each_epoch))
 
     def one(trainable, non_trainable, order, learning_rate):
         opt_state = optimizer.init(trainable)

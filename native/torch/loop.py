@@ -485,7 +485,8 @@ def global_generator_layers(model) -> list:
     def unseeded(layer) -> bool:
         generator = getattr(layer, "seed_generator", None)
         return generator is not None and generator._initial_seed is None and (
-            (isinstance(layer, keras.layers.Dropout) and layer.noise_shape is None and 0 < layer.rate < 1)
+            (isinstance(layer, keras.layers.Dropout) and type(layer).call is keras.layers.Dropout.call  # not a
+             and layer.noise_shape is None and 0 < layer.rate < 1)  # SpatialDropout: it passes a noise shape
             or (isinstance(layer, DropoutRNNCell) and (layer.dropout > 0 or layer.recurrent_dropout > 0)))
 
     return [layer for layer in drawing_layers(model) if unseeded(layer)]
@@ -577,7 +578,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         # A compiled run's first epoch times each step (a step that compiles stands out): a run of one epoch has no
         # other epoch to set its compile apart against (`compile_apart`).
         steps = None
-        if compile and not epoch_seconds:
+        if compile and not epoch_seconds and cfg.epochs - epoch == 1:  # the run's one epoch (or one left to resume)
             first_steps = steps = []
             mark = _clock(device)
         with guards_skipped() if warm else contextlib.nullcontext():

@@ -53,6 +53,7 @@ from keras_side.spec import SpecError, TrainConfig
     (dict(clipnorm=True), "clipnorm must be a number, got True"),
     (dict(patience="3"), "patience must be a whole number, got '3'"),
     (dict(metrics="mae"), "metrics must be a tuple of names (a JSON list), got 'mae'"),  # was "got m, a, e"
+    (dict(schedule="piecewise", boundaries=(10.7,), values=(0.1, 0.01)), "boundaries must be a tuple of whole"),
     (dict(dense_gradients="no"), "dense_gradients must be True or False, got 'no'"),
     (dict(validate=None), "validate must be True or False"),
     (dict(loss=("mse", "mae"), metrics=("mae",)), "metrics on a model with several outputs"),
@@ -60,6 +61,14 @@ from keras_side.spec import SpecError, TrainConfig
 def test_a_spec_no_path_can_honour_is_one_clear_error(changes, message):
     with pytest.raises(SpecError, match=re.escape(message)):
         TrainConfig(**changes)
+
+
+def test_numpy_arrays_and_whole_floats_are_a_schedules_boundaries_and_values():
+    import numpy as np
+
+    cfg = TrainConfig(schedule="piecewise", boundaries=np.array([10, 20]), values=np.linspace(0.1, 0.01, 3))
+    assert cfg.boundaries == (10, 20) and cfg.values == pytest.approx((0.1, 0.055, 0.01))
+    assert TrainConfig(schedule="piecewise", boundaries=[10.0], values=[0.1, 0.01]).boundaries == (10,)
 
 
 def test_a_name_that_is_not_a_field_is_one_clear_error_naming_the_nearest():

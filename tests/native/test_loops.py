@@ -643,3 +643,10 @@ def test_data_that_the_models_inputs_do_not_take_is_one_spec_error(har, panel):
     one = dataclasses.replace(two, x_train=two.x_train[0], x_val=two.x_val[0], x_test=two.x_test[0])
     with pytest.raises(SpecError, match=r"^the model has 2 input\(s\) but x holds 1 array\(s\)"):
         loop.train(models.panel(), one, TrainConfig(epochs=1))
+    import keras  # what Keras runs, a sequence of another length than declared (it warns), trains as it did
+
+    days = np.zeros((40, 12, 2), np.float32)
+    longer = dataclasses.replace(har, x_train=days, y_train=days[:, 0, :1], x_val=days[:8], y_val=days[:8, 0, :1],
+                                 x_test=days[:8], y_test=days[:8, 0, :1])
+    rnn = keras.Sequential([keras.Input((10, 2)), keras.layers.SimpleRNN(2), keras.layers.Dense(1)])
+    assert len(loop.train(rnn, longer, TrainConfig(epochs=1, batch_size=20)).train_loss) == 1

@@ -139,6 +139,8 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
     with pytest.warns(UserWarning, match="drops out unseeded"):
         np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
     assert torch_loop.global_generator_layers(models.dropout_mlp()) == []  # seeded: its own generator, as in fit
+    spatial = keras.Sequential([keras.Input((5, 2)), keras.layers.SpatialDropout1D(0.2)])  # a noise shape: Keras's
+    assert torch_loop.global_generator_layers(spatial) == []  # own generator, seeded or not
     lstm = keras.Sequential([keras.Input((5, 2)), keras.layers.LSTM(2, recurrent_dropout=0.1)])
     assert [type(layer).__name__ for layer in torch_loop.global_generator_layers(lstm)] == ["LSTMCell"]
 
