@@ -375,21 +375,20 @@ def _probe(model, x, device) -> tuple:
     would update (BatchNorm's statistics, a seed's state: an RNN's dropout draws its masks in inference too) to
     itself, with torch's generators forked: an unseeded Dropout draws from the global one, which the run's masks
     then come from, as `fit`'s do."""
+    @contextlib.contextmanager
     def moving_nothing():  # a call in which what would change stays in the scope, the generators as they were
         devices = [] if device.type == "cpu" else [device]
-        forked = torch.random.fork_rng(devices=devices, device_type=device.type)
         # every variable's value given, so a weight regularizer's penalty reads it inside the scope
-        return forked, keras.StatelessScope(state_mapping=[(v, v.value) for v in model.variables],
-                                            collect_losses=True)
+        with torch.random.fork_rng(devices=devices, device_type=device.type), \
+                keras.StatelessScope(state_mapping=[(v, v.value) for v in model.variables], collect_losses=True):
+            yield
 
     with torch.no_grad():
-        forked, scope = moving_nothing()
-        with forked, scope:
+        with moving_nothing():
             outputs = _forward(model, x, training=False)
             if model.losses:
                 return outputs, True
-        forked, scope = moving_nothing()
-        with forked, scope:
+        with moving_nothing():
             _forward(model, x, training=True)
             return outputs, bool(model.losses)
 
@@ -566,7 +565,9 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     train_loss, val_loss, epoch_seconds, metrics.history = curves["loss"], curves["val_loss"], [], curves["metrics"]
-    first_steps = None  # a compiled run's first epoch, step by step: (batch rows, seconds)
+    # A compiled run of one epoch (or one left to resume) times each step, (batch rows, seconds): it has no other
+    # epoch to set its compile apart against, and a step that compiles stands out (`compile_apart`).
+    steps = [] if compile and cfg.epochs - (saved.start if saved else 0) == 1 else None
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         if saved and epoch < saved.start:
             continue  # done before the checkpoint: every epoch's order is drawn all the same, so the rest match
@@ -575,11 +576,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
         x_epoch, y_epoch = take(x, order), take(y, order)  # one gather per epoch; each batch is then a view
         w_epoch = None if weights is None else weights[order]
         losses = []  # each batch's mean loss, on the device: `.item()` every step would sync
-        # A compiled run's first epoch times each step (a step that compiles stands out): a run of one epoch has no
-        # other epoch to set its compile apart against (`compile_apart`).
-        steps = None
-        if compile and not epoch_seconds and cfg.epochs - epoch == 1:  # the run's one epoch (or one left to resume)
-            first_steps = steps = []
+        if steps is not None:
             mark = _clock(device)
         with guards_skipped() if warm else contextlib.nullcontext():
             for rows in batch_slices(data.n_train, cfg.batch_size):
@@ -616,7 +613,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             break
     if stop:
         model.set_weights(stop.best_weights)  # restore_best_weights
-    seconds, compile_seconds = compile_apart(epoch_seconds, first_steps) if compile else (sum(epoch_seconds), None)
+    seconds, compile_seconds = compile_apart(epoch_seconds, steps) if compile else (sum(epoch_seconds), None)
     return Result.from_training(name, "torch", model.get_weights(),
                                 data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
                                 metrics=metrics.history)
