@@ -137,8 +137,8 @@ def check_epochs(cfg: TrainConfig, rows: int) -> None:
 
 
 # The paths that write checkpoints: the native loops (fit has its own, keras.callbacks.BackupAndRestore).
-CHECKPOINTED = ("torch-native", "torch-native-compile", "torch-native-engine", "torch-native-compile-engine",
-                "jax-native", "tensorflow-native")
+CHECKPOINTED = ("torch-native", "torch-native-fast", "torch-native-compile", "torch-native-engine",
+                "torch-native-compile-engine", "jax-native", "tensorflow-native")
 
 
 def train(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ from keras_side.spec import SpecError, TrainConfig, check_data
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.loop import Draws, _forward, _tensors, constrain, constraints_of, drawable, spec_loss
+from native.torch.fast import Draws, _forward, _tensors, constrain, constraints_of, drawable, spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).

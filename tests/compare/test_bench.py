@@ -16,7 +16,7 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel
     assert cli.main(["bench", "--engines", "torch,jax", "--epochs", "2", "--repeats", "1", "--models", "conv1d",
                      "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-native-engine",
+    assert set(report["paths"]) == {"keras-torch", "torch-native", "torch-native-fast", "torch-native-compile", "torch-native-engine",
                                     "torch-native-compile-engine", "keras-jax", "jax-native", "jax-native-scan",
                                     "numpy-floor", "torch-raw", "jax-raw", "jax-raw-scan"}
     for row in report["paths"].values():

@@ -10,7 +10,7 @@ from keras_side import models
 from keras_side.config import compile_apart, compile_in_steps
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
-from native.torch import loop as torch_loop
+from native.torch import fast as torch_loop
 from tests.native.loops import flat
 from tests.native.torch.dropouts import functional_dropout, noisy_bn_dropout
 from tests.tiers import rows

@@ -13,7 +13,7 @@ from keras_side.config import keras_inputs, load_trained, shard, take, trained_r
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.torch import ddp
-from native.torch import loop as torch_loop
+from native.torch import fast as torch_loop
 from tests.conftest import REPO
 from tests.native import faults
 from tests.tiers import rows

@@ -12,7 +12,7 @@ from keras_side import models
 from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from native.torch import host as torch_host
-from native.torch import loop as torch_loop
+from native.torch import fast as torch_loop
 from tests.native.loops import flat
 from tests.native.torch.dropouts import (first_dropout, functional_dropout, lstm_dropout, noisy_bn_dropout,
                                         sequence_dropout)
