@@ -1,0 +1,56 @@
+"""The lesson's exercises: training steps with one thing `fit` does left out, for you to find and fix.
+
+    python -m compare.exercises            # every exercise: which ones your steps pass
+    python -m compare.exercises 3          # one, with loop_parity's report when it fails
+
+Each broken step is in `compare/exercises/steps.py`; edit it there, run the check, repeat. The check is `loop_parity`
+(`compare.parity.assert_loop_matches_fit`): your step, on its engine, against `fit`, step by step, on 64 rows of the
+HAR in batches of 16 (the last one short). docs/exercises.md says what each exercise is about, and gives the answers
+(`compare/exercises/answers.py`, which the tests check pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Exercise:
+    title: str
+    engine: str
+    build: str  # the model, "module:function"
+    step: str  # the function in steps.py (or answers.py)
+    spec: dict = field(default_factory=dict)
+    optimizer: str | None = None  # your own optimizer, "module:function", where the exercise is about it
+    rows: int = 64
+
+
+EXERCISES = {
+    1: Exercise("the regularizers", "torch", "keras_side.models:mlp_l2", "torch_step_1"),
+    2: Exercise("the training flag", "torch", "keras_side.models:dropout_mlp", "torch_step_2"),
+    3: Exercise("the state a pure step returns", "jax", "keras_side.models:bn_mlp", "jax_step_3"),
+    4: Exercise("the short last batch", "torch", "keras_side.models:bn_mlp", "torch_step_4", rows=60),
+    5: Exercise("Adam's epsilon", "torch", "keras_side.models:har", "torch_step_5", spec={"epsilon": 1e-3},
+                optimizer="torch_adam_5"),
+    6: Exercise("a mean, not a sum", "torch", "keras_side.models:har", "torch_step_6", spec={"optimizer": "sgd"}),
+}
+BATCH_SIZE, EPOCHS = 16, 2
+
+
+def batch(rows: int):
+    """The first `rows` training rows of the default HAR data, (x, y) as float32."""
+    from compare.data import panel, synthetic
+
+    data = panel.prepare(synthetic.simulate(0))
+    return data.x_train[:rows], data.y_train[:rows]
+
+
+def check(number: int, module: str = "compare.exercises.steps", pool=None) -> None:
+    """Run exercise `number`'s step (from `module`) through `loop_parity`: returns when it trains as `fit` does,
+    raises AssertionError with the report where it parts."""
+    from compare.parity import assert_loop_matches_fit
+
+    exercise = EXERCISES[number]
+    x, y = batch(exercise.rows)
+    optimizer = f"{module}:{exercise.optimizer}" if exercise.optimizer else None
+    assert_loop_matches_fit(exercise.build, f"{module}:{exercise.step}", x, y, engine=exercise.engine,
+                            spec=exercise.spec, optimizer=optimizer, epochs=EPOCHS, batch_size=BATCH_SIZE, pool=pool)
