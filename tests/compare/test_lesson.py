@@ -1,0 +1,91 @@
+"""The lesson's loops as a learner reads them (docs/lesson.md): a first loop per engine of at most 40 lines of code,
+a reference loop per engine of at most 150, public API only, the same shape on every engine."""
+import ast
+import difflib
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+ENGINES = ("torch", "jax", "tensorflow")
+FIRST_LOOP_LINES = 40  # the Keras guide's loop on one screen (issue "The lesson on one screen")
+REFERENCE_LOOP_LINES = 150  # everything fit does, still readable top to bottom
+SHARED = ["make_step", "evaluate", "batch_orders", "train", "grad_at", "predict"]  # in this order on every engine
+ENGINE_LINES = 30  # the lines a first loop may have that torch's does not: the engine's calls, not another loop
+PRIVATE = re.compile(r"\bkeras\.src\b|\.\_[A-Za-z]")  # Keras's private modules, any underscore attribute
+
+
+def source(engine: str, name: str) -> str:
+    return (REPO / "native" / engine / f"{name}.py").read_text()
+
+
+def code_lines(text: str) -> int:
+    """Lines that are neither blank, nor a comment, nor part of a docstring."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node) is not None:
+            first = node.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i, line in enumerate(text.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and i not in docstrings)
+
+
+def test_code_lines_counts_what_a_reader_reads():
+    text = '"""Doc.\n\nmore."""\nimport os\n\n# a comment\ndef f():\n    """Doc."""\n    return 1  # why\n'
+    assert code_lines(text) == 3
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name, most", [("first_loop", FIRST_LOOP_LINES), ("loop", REFERENCE_LOOP_LINES)])
+def test_a_loop_fits_on_its_screen(engine, name, most):
+    assert code_lines(source(engine, name)) <= most
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["first_loop", "loop"])
+def test_a_loop_uses_public_api_only(engine, name):
+    private = [line.strip() for line in source(engine, name).splitlines() if PRIVATE.search(line)]
+    assert private == []
+
+
+def test_the_check_for_private_api_finds_it():
+    assert PRIVATE.search("from keras.src.models import functional") and PRIVATE.search("layer._losses")
+    assert not PRIVATE.search("model.__class__ and keras.layers.Dense")
+
+
+def top_level(text: str) -> list[str]:
+    return [n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
+
+
+def test_the_reference_loops_have_one_shape():
+    for engine in ENGINES:
+        names = top_level(source(engine, "loop"))
+        assert [n for n in names if n in SHARED] == SHARED, engine
+    signatures = {engine: ast.unparse(next(n.args for n in ast.parse(source(engine, "loop")).body
+                                           if isinstance(n, ast.FunctionDef) and n.name == "train"))
+                  for engine in ENGINES}
+    assert len(set(signatures.values())) == 1, signatures
+
+
+def sections(text: str) -> list[str]:
+    """A first loop's section headers, `# 1. Data`, up to their colon."""
+    return [line.strip().split(":")[0] for line in text.splitlines() if re.match(r"\s*# \d\. ", line)]
+
+
+def test_the_first_loops_differ_only_where_the_engine_does():
+    torch = source("torch", "first_loop")
+    assert sections(torch) == ["# 1. Data", "# 2. Model", "# 3. Optimizer and loss", "# 4. One step",
+                               "# 5. The epochs", "# 6. The answer"]
+    for engine in ("jax", "tensorflow"):
+        other = source(engine, "first_loop")
+        assert sections(other) == sections(torch), engine
+        assert top_level(other) == top_level(torch) == ["main"]
+        same = [line for line in torch.splitlines() if line in other.splitlines()]
+        # everything but the engine's lines is shared: the data, the model, the answer, the constants, the epochs
+        for line in ("EPOCHS, BATCH_SIZE, LEARNING_RATE, SEED = 40, 128, 0.01, 0", "    model = models.har()",
+                     "    for epoch in range(EPOCHS):", "    return model, data"):
+            assert line in same, (engine, line)
+        changed = sum(1 for d in difflib.ndiff(torch.splitlines(), other.splitlines())
+                      if d.startswith("+ ") and d[2:].strip())
+        assert changed <= ENGINE_LINES, (engine, changed)
