@@ -52,7 +52,7 @@ def main():
         for start in range(0, len(y), BATCH_SIZE):
             rows = order[start:start + BATCH_SIZE]
             loss = train_step(x[rows], y[rows])
-        print(f"epoch {epoch + 1}: last batch's loss {float(loss):.4f}")
+        print(f"epoch {epoch + 1}: last batch's loss {loss.item():.4f}")
 
     # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
     kernel, bias = model.get_weights()
