@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from compare.engines import paths
 from compare.referee import checks
 from compare.data import reference
 from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, HISTORY_ATOL, ZOO_ATOL
@@ -343,7 +344,6 @@ def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
 
     import keras
 
-    from compare.engines import paths
     from keras_side import fit
     from keras_side.spec import SpecError
 
@@ -544,8 +544,8 @@ def test_grad_at_takes_a_loss_by_the_specs_name(har):
 
 def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
     """A kernel's `MaxNorm` and `NonNeg` bind while training: the loop applies each constraint after every step, as
-    Keras's optimizer does, and ends where `fit` ends from the same start and batches (the torch and JAX loops used to
-    skip them without a word, 0.8 away from `fit`)."""
+    Keras's optimizer does, and ends where `fit` ends from the same start and batches (left out, 0.8 away from
+    `fit`)."""
     from keras_side import fit
     from tests.native.loops import constrained_mlp
 
@@ -555,13 +555,13 @@ def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
     cfg = TrainConfig(epochs=2, batch_order="numpy", learning_rate=0.05)
     seed_everything(0)
     start = build().get_weights()
-    fast = {"torch": {"compile": True}, "jax": {"driver": "scan"}}.get(ENGINE)  # the engine's fast path too
-    runs = [("fit", fit.train, True, {}), ("loop", loop.train, True, {}), ("free", loop.train, False, {})]
+    fast = {"torch": "torch-native-compile", "jax": "jax-native-scan"}.get(ENGINE)  # the engine's fast path too
+    runs = [("fit", fit.train, True), ("loop", loop.train, True), ("free", loop.train, False)]
     trained = {}
-    for name, train, constrained, kwargs in runs + ([("fast", loop.train, True, fast)] if fast else []):
+    for name, train, constrained in runs + ([("fast", paths.get(fast).train, True)] if fast else []):
         model = build(constrained)
         model.set_weights(start)
-        train(model, har, cfg, **kwargs)
+        train(model, har, cfg)
         trained[name] = model.get_weights()
     hidden, _, output, _ = trained["loop"]
     assert np.linalg.norm(hidden, axis=0).max() <= 0.3 * (1 + 1e-6) and output.min() >= 0
