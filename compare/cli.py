@@ -163,7 +163,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=None, help="train on the first ROWS training rows (default: all)")
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
     p.add_argument("--fast-paths", action=argparse.BooleanOptionalAction, default=True,
-                   help="also judge each engine's fast path: torch's compiled loop, JAX's fused scan (default: on; "
+                   help="also judge each engine's fast paths: torch's fast and compiled loops, JAX's convolution as a "
+                   "matmul and fused scan (default: on; "
                    "--no-fast-paths skips their compiles)")
     p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
     return top

@@ -10,14 +10,13 @@ NumPy batch order. Paths, the three levels of unpacking: "train-step" (`fit` run
 `ZOO_ATOL`, with the loss and metrics they report per epoch within `HISTORY_ATOL` of `fit`'s History; and
 "native-engine" (the same loop with the engine's stock optimizer: measured, not judged, since it differs by
 convention; TensorFlow has no optimizers but Keras's). With `fast=True` (the CLI's default), each engine's fast
-path too, judged as "native" is: "native-compile" (torch's loop under `torch.compile`) and "native-scan" (JAX's
-fused `lax.scan` driver).
+paths too, judged as "native" is: "native-fast" (torch: Keras's call wrapper bypassed; JAX: a 1-D convolution as a
+matmul), "native-compile" (torch's loop under `torch.compile`) and "native-scan" (JAX's fused `lax.scan` driver).
 `train_cells` runs inside an engine's worker; the rest runs in the referee.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from pathlib import Path
 
@@ -31,18 +30,19 @@ from keras_side.config import HarData, take, versions
 from keras_side.zoo import OPTIMIZERS, ZOO
 
 MODELS = tuple(ZOO)
-PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine", "native-compile": "exact",
-         "native-scan": "exact"}  # path -> optimizer flavour
-FAST_PATHS = {"torch": "native-compile", "jax": "native-scan"}  # each engine's fast path: what `train` takes for it
-FAST_OPTIONS = {"native-compile": {"compile": True}, "native-scan": {"driver": "scan"}}
+PATHS = {"train-step": "keras", "native": "exact", "native-engine": "engine", "native-fast": "exact",
+         "native-compile": "exact", "native-scan": "exact"}  # path -> optimizer flavour
+# Each engine's fast paths, registered as f"{engine}-{path}" in `compare.engines.paths`.
+FAST_PATHS = {"torch": ("native-fast", "native-compile"), "jax": ("native-fast", "native-scan")}
 ZOO_EPOCHS = 3
 
 
 def paths_on(engine: str, fast: bool = False) -> list[str]:
     """The zoo's paths on an engine: TensorFlow has no stock optimizer flavour (its optimizers are Keras's) and no
-    fast path; with `fast`, the engine's fast path too."""
-    own = [p for p in PATHS if p not in FAST_OPTIONS and not (engine == "tensorflow" and PATHS[p] == "engine")]
-    return own + ([FAST_PATHS[engine]] if fast and engine in FAST_PATHS else [])
+    fast path; with `fast`, the engine's fast paths too."""
+    every_fast = {p for ps in FAST_PATHS.values() for p in ps}
+    own = [p for p in PATHS if p not in every_fast and not (engine == "tensorflow" and PATHS[p] == "engine")]
+    return own + (list(FAST_PATHS.get(engine, ())) if fast else [])
 
 
 def _first_rows(data: HarData, rows: int | None) -> HarData:
@@ -107,7 +107,7 @@ def train_cells(request: dict, send) -> dict:
     native = paths.loop(engine).train
     trainers = {"train-step": paths.get(f"keras-{engine}-train-step").load().train, "native": native,
                 "native-engine": native}
-    trainers |= {path: functools.partial(native, **options) for path, options in FAST_OPTIONS.items()}
+    trainers |= {path: paths.get(f"{engine}-{path}").train for path in FAST_PATHS.get(engine, ())}
     own = paths_on(engine, request["fast"])
     for name in request["models"]:
         entry = ZOO[name]

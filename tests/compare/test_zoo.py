@@ -59,15 +59,15 @@ FAST_PATH_MODELS = rows(["bn_mlp", "two_horizons"], fast=["two_horizons"])
 
 
 def test_each_engines_fast_path_ends_where_fit_ends(tmp_path):
-    """torch's compiled loop and JAX's fused scan, judged as the native loop is (the CLI's full run judges them on
+    """torch's fast and compiled loops, JAX's convolution as a matmul and fused scan, judged as the native loop is (the CLI's full run judges them on
     every model; here few, to keep `make test`'s compiles few). Only the engines that have one: TensorFlow's cells
     are the fixture's above."""
     engines = [e for e in installed_engines() if e in zoo.FAST_PATHS]
     report = zoo.run(synthetic.simulate(0), models=FAST_PATH_MODELS, engines=engines, optimizers=["adam"],
                      folder=tmp_path, epochs=1, rows=300, fast=True)
-    fast = [c for c in report["cells"] if c["path"] in zoo.FAST_PATHS.values()]
-    assert {(c["engine"], c["path"]) for c in fast} == {(e, zoo.FAST_PATHS[e]) for e in engines}
-    assert engines and len(fast) == len(FAST_PATH_MODELS) * len(engines) and all(c["judged"] for c in fast)
+    fast = [c for c in report["cells"] if c["path"] in zoo.FAST_PATHS.get(c["engine"], ())]
+    assert {(c["engine"], c["path"]) for c in fast} == {(e, p) for e in engines for p in zoo.FAST_PATHS[e]}
+    assert engines and len(fast) == len(FAST_PATH_MODELS) * 2 * len(engines) and all(c["judged"] for c in fast)
     assert zoo.passed(report), [c for c in report["cells"] if c["judged"] and not c["passed"]]
     assert zoo.paths_on("tensorflow", fast=True) == zoo.paths_on("tensorflow")  # no fast path there
 
