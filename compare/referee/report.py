@@ -248,9 +248,9 @@ def print_bench(timings: dict, targets) -> None:
 
 
 def _bench_zoo_table(zoo: dict) -> Table:
-    """Per zoo model and engine: fit's median, the native loop's and its engine's fast path's (JAX's fused scan,
-    torch's compiled step; `bench.ZOO_VARIANTS`), each × fit, and the fast path's floor where the model has one
-    (the same step without Keras: `compare.speed.floors`)."""
+    """Per zoo model and engine: fit's median, the reference loop's and, a row each, its engine's fast paths'
+    (`bench.ZOO_VARIANTS`), each × fit, and a fast path's floor where the model has one (the same step without
+    Keras: `compare.speed.floors`)."""
     table = Table("model", "engine", "fit ms", "native ms", "× fit", "fast path", "ms", "× fit", "compile s",
                   "floor ms", "floor × fit", title="the zoo: the same model through fit and by hand, median of the "
                   "repeats (floor: the same step without Keras, eager on torch, the fused scan on JAX)",
@@ -259,14 +259,16 @@ def _bench_zoo_table(zoo: dict) -> Table:
     for model, timed in zoo.items():
         for engine in dict.fromkeys(name.split("-")[1] for name in timed["paths"] if name.startswith("keras-")):
             fit, native = timed["paths"].get(f"keras-{engine}"), timed["paths"].get(f"{engine}-native")
-            fast = next((p for p in ZOO_VARIANTS.get(engine, []) if p in timed["paths"]), None)
-            row = timed["paths"].get(fast)
-            floor = floor_row(timed, row)
-            compile_s = "" if row is None or row["compile_ms"] is None else f"{row['compile_ms'] / 1e3:.1f}"
-            table.add_row(model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
-                          fmt(native, "ratio_vs_fit", ".1f"), fast or "", fmt(row, "median_ms", ",.1f"),
-                          fmt(row, "ratio_vs_fit", ".1f"), compile_s, fmt(floor, "median_ms", ",.1f"),
-                          fmt(floor, "ratio_vs_fit", ".1f"))
+            fast = [p for p in ZOO_VARIANTS.get(engine, []) if p in timed["paths"]] or [None]
+            for i, path in enumerate(fast):  # the model's fit and reference loop on its first row only
+                row = timed["paths"].get(path)
+                floor = floor_row(timed, row)
+                compile_s = "" if row is None or row["compile_ms"] is None else f"{row['compile_ms'] / 1e3:.1f}"
+                table.add_row(*(("", "", "", "", "") if i else (
+                    model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
+                    fmt(native, "ratio_vs_fit", ".1f"))), path or "", fmt(row, "median_ms", ",.1f"),
+                    fmt(row, "ratio_vs_fit", ".1f"), compile_s, fmt(floor, "median_ms", ",.1f"),
+                    fmt(floor, "ratio_vs_fit", ".1f"))
     return table
 
 

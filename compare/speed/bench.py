@@ -44,9 +44,9 @@ def bench_paths(engine: str) -> list[str]:
     return [p.name for p in paths.for_engine(engine)] + VARIANTS.get(engine, []) + floors.floors(engine)
 
 
-# Beside each engine's fit and native loop, the zoo table times its engine's own fast path: JAX's fused scan,
-# torch's compiled step.
-ZOO_VARIANTS = {"jax": ["jax-native-scan"], "torch": ["torch-native-compile"]}
+# Beside each engine's fit and reference loop, the zoo table times its engine's fast paths: torch's call-wrapper
+# bypass and compiled step, JAX's convolution as a matmul and fused scan.
+ZOO_VARIANTS = {"jax": ["jax-native-fast", "jax-native-scan"], "torch": ["torch-native-fast", "torch-native-compile"]}
 
 
 def has_floor(model: str, engine: str) -> bool:

@@ -41,8 +41,9 @@ def test_bench_json_has_every_path_with_positive_timings(tmp_path, capsys, panel
     assert walk["keras-jax-fit-extrapolated"]["measured_refits"] == 2 and walk["torch-vmap"]["seconds"] > 0
     # --models: the zoo table, the same schema per model, the ratios to its engine's fit, its floors, no NumPy floor
     zoo = report["zoo"]["conv1d"]
-    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "torch-native-compile", "torch-raw", "keras-jax",
-                                 "jax-native", "jax-native-scan", "jax-raw", "jax-raw-scan"}
+    assert set(zoo["paths"]) == {"keras-torch", "torch-native", "torch-native-fast", "torch-native-compile",
+                                 "torch-raw", "keras-jax", "jax-native", "jax-native-fast", "jax-native-scan",
+                                 "jax-raw", "jax-raw-scan"}
     assert all(row["median_ms"] > 0 and row["ratio_vs_fit"] > 0 and row["ratio_vs_numpy"] is None
                for row in zoo["paths"].values())
     assert zoo["paths"]["jax-native-scan"]["floor"] == "jax-raw-scan" and zoo["paths"]["jax-raw-scan"]["compile_ms"]
