@@ -508,7 +508,8 @@ def seeds(args: argparse.Namespace) -> int:
             "config": cfg.to_dict(), "seed": cfg.seed, "seeds": seed_noise.seeds_of(cfg.seed, args.seeds),
             "versions": versions(), "source": source, "model": args.model, "engines": summary, "timings": timings,
             "checks": [c.__dict__ for c in found], "failed": failed, "notes": notes, "options": options(args)})
-        figures.seeds(tmp / "seeds.png", spreads, prepared.features if har else (), args.model)
+        ols = reference.ols_for(panel, args.asset, args.split, args.end, validation=args.validation) if har else None
+        figures.seeds(tmp / "seeds.png", spreads, prepared.features if har else (), args.model, ols)
         shutil.rmtree(tmp / "engines")
         (tmp / "data.npz").unlink()
     report.console().print(f"report: {report.shown(out)}/seeds.json, seeds.png")

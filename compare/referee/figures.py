@@ -104,9 +104,10 @@ def zoo_grid(cells: list[dict], models: list[str], optimizers: list[str], floor:
     return grid
 
 
-def seeds(path: Path, spreads: dict, features: tuple[str, ...], model: str) -> None:
-    """One panel per measure (the test loss, each HAR slope): each engine's values over seeds as a histogram, and
-    each engine's default run (fit at the run's seed) as a vertical line."""
+def seeds(path: Path, spreads: dict, features: tuple[str, ...], model: str, ols=None) -> None:
+    """One panel per measure (the test loss, each HAR slope): each engine's values over seeds as a histogram, each
+    engine's default run (fit at the run's seed) as a vertical line, and OLS's value (`ols`, the HAR's least squares
+    on the same rows) as a dashed black one: every seed reaches its loss, while the slopes spread around its own."""
     measures = ["test_loss", *features]
     fig, axes = plt.subplots(1, len(measures), figsize=(3.6 * len(measures), 3.4), squeeze=False)
     colors = {e: f"C{i}" for i, e in enumerate(spreads)}
@@ -116,6 +117,9 @@ def seeds(path: Path, spreads: dict, features: tuple[str, ...], model: str) -> N
                 ax.hist(_measure(spread.seeds, measure, features), bins=30, alpha=0.45, color=colors[engine],
                         label=f"{engine}, {len(spread.seeds.test_loss)} seeds")
             ax.axvline(_measure(spread.default, measure, features)[0], color=colors[engine], lw=1.8, label=f"{engine} fit")
+        if ols is not None:
+            at = ols.test_mse if measure == "test_loss" else ols.slopes[features.index(measure)]
+            ax.axvline(at, color="black", ls="--", lw=1.2, label="OLS")
         ax.set(xlabel="test loss" if measure == "test_loss" else f"slope of {measure}", yticks=[])
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{model}: seeds against each engine's default run", fontsize=10)

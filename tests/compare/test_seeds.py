@@ -138,3 +138,21 @@ def test_a_sweep_of_one_seed_on_an_engine_that_compiles_nothing_says_so_plainly(
     assert "torch: validation MSE (log RV²), one seed; OLS" in out and "seeds" not in out
     assert "torch: best lr 0.001, batch size 64: 0.20000 (+42.86% against OLS); 1.00 s training jax:" in out
     assert "1.00 s training, 0.50 s compiling" in out
+
+
+def test_the_seeds_figure_marks_olss_loss_and_slopes(monkeypatch, tmp_path):
+    """Each panel has a dashed black line at OLS's value: its test MSE, or its slope of that feature."""
+    from compare.data.reference import Ols
+    from compare.referee import figures
+
+    rng = np.random.default_rng(0)
+    runs = Runs(rng.normal(0.17, 0.001, 50), rng.normal(0.3, 0.1, (50, 3)))
+    spreads = {"torch": Spread("torch", runs, Runs(np.array([0.17]), np.array([[0.41, 0.26, 0.23]])))}
+    ols = Ols(intercept=0.0, slopes=np.array([0.42, 0.257, 0.24]), std_errors=np.ones(3), features=("d1", "s5", "m22"),
+              train_mse=0.17, test_mse=0.1693)
+    saved = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.append(fig))
+    figures.seeds(tmp_path / "seeds.png", spreads, ("d1", "s5", "m22"), "har", ols)
+    dashed = [[line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+              for ax in saved[0].axes]
+    assert dashed == [[0.1693], [0.42], [0.257], [0.24]]
