@@ -7,6 +7,8 @@ import sys
 import keras
 import numpy as np
 
+from keras_side import internals
+
 # The HAR is 4 weights and 128-row batches: thread pools cost more than they give, and one thread makes every
 # float reduction run in one order whatever the machine's core count.
 THREADS = 1
@@ -45,14 +47,9 @@ def _keras_seed_without_tensorflow(seed: int, backend: str) -> None:
     which it imports TensorFlow whenever TensorFlow is installed, whatever the backend (for tf.data pipelines, it
     says). A torch or JAX process of ours has no TensorFlow in it, and the import cost each one ~3 s of CPU and
     ~400 MB; a process that has imported TensorFlow gets Keras's own call."""
-    from keras.src.backend.common import global_state
-    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
-    from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
-
     if not isinstance(seed, int):
         raise ValueError(f"Expected `seed` argument to be an integer. Received: seed={seed} (of type {type(seed)})")
-    global_state.set_global_attribute(GLOBAL_RANDOM_SEED, seed)
-    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)  # keras.random's unseeded draws start afresh
+    internals.reset_global_seed(seed)  # keras.random's unseeded draws start afresh
     random.seed(seed)
     np.random.seed(seed)
     if backend == "torch":

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 from keras import layers
 
+from keras_side import internals
 from keras_side.config import SEQUENCE_DAYS, keras_inputs, take
 from keras_side.spec import SpecError
 
@@ -167,7 +168,7 @@ BUILDERS = {
 
 def batchnorm_layers(model: keras.Model) -> list[layers.BatchNormalization]:
     """Every BatchNormalization in `model`, nested ones included (what data parallelism must synchronize)."""
-    return [layer for layer in model._flatten_layers() if isinstance(layer, layers.BatchNormalization)]
+    return [layer for layer in internals.all_layers(model) if isinstance(layer, layers.BatchNormalization)]
 
 
 def drawing_layers(model: keras.Model) -> list[layers.Layer]:
@@ -175,24 +176,20 @@ def drawing_layers(model: keras.Model) -> list[layers.Layer]:
     would): those holding a Keras `SeedGenerator`, the model itself included (a subclassed model drawing in its own
     `call`), but Keras's own RNN cells with no dropout and Dropouts of rate 0, which may hold one and never draw
     (every Keras RNN cell holds one). A subclass with a `call` of its own counts by its generator."""
-    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
-
     def draws(layer) -> bool:
-        if isinstance(layer, DropoutRNNCell) and type(layer).__module__.startswith("keras.src."):
+        if isinstance(layer, internals.DropoutRNNCell) and internals.is_keras_class(type(layer)):
             return layer.dropout > 0 or layer.recurrent_dropout > 0
         if isinstance(layer, layers.Dropout) and type(layer).call is layers.Dropout.call:
             return layer.rate > 0
-        return bool(layer._seed_generators)
+        return bool(internals.seed_generators(layer))
 
-    return [layer for layer in model._flatten_layers(include_self=True) if draws(layer)]
+    return [layer for layer in internals.all_layers(model, include_self=True) if draws(layer)]
 
 
 def inference_drawing_layers(model: keras.Model) -> list[layers.Layer]:
     """The layers that draw in inference too: Keras's recurrent cells with dropout (an RNN draws its masks on every
     call, `training` or not), whose seed state each validation moves, and `fit` keeps."""
-    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
-
-    return [layer for layer in drawing_layers(model) if isinstance(layer, DropoutRNNCell)]
+    return [layer for layer in drawing_layers(model) if isinstance(layer, internals.DropoutRNNCell)]
 
 
 def weight_constraints(model: keras.Model) -> list:

@@ -389,12 +389,14 @@ def _densified(optimizer: type) -> type:
     tensor before its update (`fit` and every path that applies it call `apply`)."""
     from keras import ops
 
+    from keras_side import internals
+
     class Densified(optimizer):
         def apply(self, grads, trainable_variables=None):
             # Reshaped to its variable's shape, a tf.IndexedSlices becomes a dense tensor with repeated rows summed
             # (keras.ops has no other densifying op); a dense gradient is unchanged. Without variables, apply()
             # updates the ones the optimizer was built with (JAX's `stateless_apply` calls it so).
-            variables = self._trainable_variables if trainable_variables is None else trainable_variables
+            variables = internals.optimizer_variables(self) if trainable_variables is None else trainable_variables
             grads = [g if g is None else ops.reshape(g, v.shape) for g, v in zip(grads, variables, strict=True)]
             return super().apply(grads, trainable_variables)
 
@@ -408,9 +410,7 @@ def _one_loss(name: str, from_logits: bool):
     if name in LOSSES:
         options = {"from_logits": from_logits} if name in LOGIT_LOSSES else {}
         return getattr(keras.losses, LOSSES[name])(**options)
-    # What `compile(loss=fn)` wraps a plain function in (keras/src/trainers/compile_utils.py), so that every path
-    # computes the loss as `fit` does; Keras 3.15 exports no public name for it (keras.losses has none).
-    from keras.src.losses import LossFunctionWrapper
+    from keras_side.internals import LossFunctionWrapper  # what `compile(loss=fn)` wraps a plain function in
 
     return LossFunctionWrapper(resolve(name), name=name.split(":")[1])
 
@@ -427,7 +427,7 @@ def as_fit_shapes(y, pred):
     target one rank short of a prediction whose last axis is 1 gains that axis), so that a loss written for `y` and
     `pred` of one shape never broadcasts a (n,) target against a (n, 1) prediction into (n, n). A target with
     another number of rows than the prediction is a ValueError."""
-    from keras.src.losses.loss import squeeze_or_expand_to_same_rank
+    from keras_side.internals import squeeze_or_expand_to_same_rank
 
     if isinstance(pred, (list, tuple)):
         pairs = [as_fit_shapes(t, p) for t, p in zip(y, pred, strict=True)]
@@ -527,8 +527,9 @@ def check_model_inputs(model, x) -> None:
         declared, rows = tuple(tensor.shape[1:]), tuple(getattr(array, "shape", ())[1:])
         if len(declared) == len(rows) and rows and declared[-1] is not None and declared[-1] != rows[-1]:
             which = f"x[{i}]" if len(arrays) > 1 else "x"
-            history = getattr(tensor, "_keras_history", None)  # its Input layer's name, not the tensor's
-            name = history.operation.name if history else tensor.name
+            from keras_side.internals import input_layer_name
+
+            name = input_layer_name(tensor)  # its Input layer's name, not the tensor's
             raise SpecError(f"{which} has rows of shape {rows} but the model's input {name!r} takes "
                             f"{tuple(declared)}; give data of the model's input shape, or build the model for yours")
 
@@ -538,8 +539,9 @@ def check_stateless(model) -> None:
     which takes batches of one fixed size in an order kept from epoch to epoch, where every path here shuffles each
     epoch and calls the model on other batch sizes (a probe row, a whole split). It failed deep inside Keras (a
     batch size it did not expect, or torch's in-place error)."""
-    layer = next((layer for layer in model._flatten_layers(include_self=True) if getattr(layer, "stateful", False)),
-                 None)
+    from keras_side.internals import all_layers
+
+    layer = next((layer for layer in all_layers(model, include_self=True) if getattr(layer, "stateful", False)), None)
     if layer is not None:
         raise SpecError(f"layer {layer.name!r} is stateful (stateful=True), which carries its state across batches "
                         "of one fixed size in a fixed order; every path here shuffles each epoch and calls the model "

@@ -81,7 +81,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow import random as keras_tf_random
+from keras_side.internals import backend_random as keras_tf_random  # Keras's TensorFlow random ops (its dropout)
 
 from keras_side import cores, swap
 from keras_side.config import batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
@@ -118,8 +118,7 @@ def refuse_other_draws(model) -> None:
     """A SpecError for a layer that draws random numbers other than through Keras's dropout over the replica's rows
     of the batch (what `rows_of_global_batch` makes the global batch's): anything but a Dropout with no spatial noise
     shape, Attention's dropout (its weights' axis 0 is the batch) or an RNN cell's dropout."""
-    from keras.src.layers.regularization.spatial_dropout import BaseSpatialDropout
-    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell
+    from keras_side.internals import BaseSpatialDropout, DropoutRNNCell
 
     takes = (keras.layers.Dropout, keras.layers.Attention, DropoutRNNCell)
     for layer in drawing_layers(model):
