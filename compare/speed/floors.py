@@ -27,7 +27,7 @@ from keras_side.spec import TrainConfig
 
 STAGES = ("rows", "forward", "loss", "backward", "optimizer")
 # The models with a floor, per engine: their builders in keras_side.models, MSE, no metrics. dropout_mlp's on torch
-# would have to draw Keras's torch masks by hand as the loop does (native.torch.fast.Draws): not written.
+# would have to draw Keras's torch masks by hand as the loop does (native.torch.compiled.Draws): not written.
 RAW = {"torch": ("har", "lstm", "conv1d"), "jax": ("har", "lstm", "conv1d", "dropout_mlp")}
 DROPOUT_MLP_RATE = 0.2  # keras_side.models.dropout_mlp's Dropout
 
@@ -42,11 +42,11 @@ def _torch_forward(model: str):
     """`forward(params, x)` of a `RAW` model in torch ops, its params in the Keras model's weight order."""
     import torch
 
-    from native.torch import fast
+    from native.torch import bypass
 
-    def lstm(p, x):  # what the fast torch loop runs for a plain LSTM: torch.lstm, ATen's cell (native.torch.fast._lstm)
+    def lstm(p, x):  # what the fast torch loop runs for a plain LSTM: torch.lstm, ATen's cell (bypass._lstm)
         kernel, recurrent, bias, w, b = p
-        return fast.lstm_op(x, kernel, recurrent, bias, training=True)[1] @ w + b
+        return bypass.lstm_op(x, kernel, recurrent, bias, training=True)[1] @ w + b
 
     def conv1d(p, x):  # Conv1D(relu) → the mean over the days → Dense(1); its bias added after, as Keras adds it
         kernel, bias, w, b = p
@@ -136,17 +136,17 @@ def torch_stages(model, data: HarData, cfg: TrainConfig) -> dict[str, dict[str, 
     synchronous)."""
     import torch
 
-    from native.torch import fast, optim
+    from native.torch import bypass, loop, losses, optim
 
     found = {}
     params = [p for p in model.parameters() if p.requires_grad]
-    keras_step = (optim.build(params, cfg)[0], lambda xb: fast._forward(model, xb, training=True))
+    keras_step = (optim.build(params, cfg)[0], lambda xb: bypass.forward(model, xb, training=True))
     raw_step = _torch_raw(model.get_weights(), "har", cfg)[1:]
     for name, (optimizer, forward) in {"keras": keras_step, "raw": raw_step}.items():
-        loss_fn = fast.spec_loss(cfg, same_rank=True)
+        loss_fn = losses.spec_loss(cfg, same_rank=True)
         x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
         spent, steps = dict.fromkeys(STAGES, 0.0), 0
-        for order in fast.batch_orders(cfg, data.n_train):
+        for order in loop.batch_orders(cfg, data.n_train):
             x_epoch, y_epoch = take(x, order), take(y, order)
             for rows in batch_slices(data.n_train, cfg.batch_size):
                 marks = [time.perf_counter()]
@@ -216,7 +216,8 @@ FLOORS = {"torch-raw": ("torch", torch_raw), "jax-raw": ("jax", jax_raw),
 # Each path's floor: the same step without Keras, under the same driver.
 FLOOR_OF = {"keras-torch": "torch-raw", "torch-native": "torch-raw", "torch-native-fast": "torch-raw",
             "torch-native-compile": "torch-raw", "torch-native-engine": "torch-raw", "torch-native-compile-engine": "torch-raw",
-            "keras-jax": "jax-raw", "jax-native": "jax-raw", "jax-native-scan": "jax-raw-scan"}
+            "keras-jax": "jax-raw", "jax-native": "jax-raw", "jax-native-fast": "jax-raw",
+            "jax-native-scan": "jax-raw-scan"}
 
 
 def seed_states(model) -> list[np.ndarray]:

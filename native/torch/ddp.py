@@ -27,7 +27,7 @@ averages, and the gradients are the global batch's. `train` applies it.
 
 Dropout: left to itself, each rank would draw a mask for its own shard from the same seed state, so every rank's
 rows would get the same pattern, and none the rows of the mask one process draws for the global batch. For seeded
-Dropouts that the torch loop can draw before the step (`loop.Draws`), every rank draws the global batch's masks, as
+Dropouts that the torch loop can draw before the step (`compiled.Draws`), every rank draws the global batch's masks, as
 one process would, and takes its own rows of them (`train`); so dropout_mlp ends where one process ends. The ranks
 compare a digest of their first step's masks (`check_same_draws`): ranks on GPUs of different models could draw
 otherwise from one seed. A model with any other layer that draws (an unseeded Dropout, GaussianNoise) is refused:
@@ -43,7 +43,6 @@ import math
 import os
 import subprocess
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -51,14 +50,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from keras_side import cores
+from keras_side import cores, internals
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
 from keras_side.models import batchnorm_layers, drawing_layers
 from keras_side.spec import SpecError, TrainConfig, check_data
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command
-from native.torch.fast import Draws, _forward, _tensors, constrain, constraints_of, drawable, spec_loss
+from native.torch.bypass import forward
+from native.torch.compiled import Draws, drawable
+from native.torch.fast import constrain, constraints_of
+from native.torch.loop import tensors
+from native.torch.losses import spec_loss
 
 # A collective that waits longer than this for a rank ends the run with an error on every other rank, instead of a
 # hang: a rank that died or hangs is reported within it. NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S sets it (the hang test).
@@ -70,7 +73,7 @@ def synchronize_batchnorm(model) -> int:
     It replaces the layer's `_moments`, which Keras 3.15.1's `call` asks for the batch moments (a test pins that)."""
     layers = batchnorm_layers(model)
     for layer in layers:
-        layer._moments = types.MethodType(_global_moments, layer)
+        internals.replace_moments(layer, _global_moments)
     return len(layers)
 
 
@@ -96,7 +99,7 @@ def _global_moments(layer, inputs, mask):
     and row count, all-reduced; the all-reduce of the sums carries the gradient back to every rank's rows."""
     if mask is not None:
         raise SpecError("a masked BatchNormalization is not synchronized across ranks here; drop the mask")
-    axes = tuple(layer._reduction_axes)
+    axes = internals.reduction_axes(layer)
     rows = torch.tensor(float(math.prod(inputs.shape[a] for a in axes)), device=inputs.device)
     dist.all_reduce(rows)
     sums = AllReduceSum.apply(torch.stack([torch.sum(inputs, dim=axes), torch.sum(torch.square(inputs), dim=axes)]))
@@ -129,7 +132,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
             size = rows.stop - rows.start  # the global batch's rows
             positions = shard(slice(0, size), rank, world)  # this rank's rows of the batch
             mine = order[rows][positions]
-            xb, yb = (_tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
+            xb, yb = (tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
             masks = ()
             if draws:
                 drawn = draws(size)
@@ -157,7 +160,7 @@ def refuse_other_draws(model, draws: Draws | None) -> None:
         layer = next((layer for layer in random if not drawable(layer)), random[0])  # else the model's way of calling
         raise SpecError(f"layer {layer.name!r} draws random numbers, which every rank would draw alike for its "
                         "own rows under DDP, not its rows of the global batch's; make it a seeded keras.layers.Dropout "
-                        "in a Sequential or Functional model (loop.Draws), or train in one process")
+                        "in a Sequential or Functional model (native.torch.compiled.Draws), or train in one process")
 
 
 def check_same_draws(masks) -> None:
@@ -174,7 +177,7 @@ def check_same_draws(masks) -> None:
 
 
 class WithMasks(torch.nn.Module):
-    """The Keras model's training call with its Dropouts' masks given (`loop._forward`), as the module DDP wraps:
+    """The Keras model's training call with its Dropouts' masks given (`bypass.forward`), as the module DDP wraps:
     its parameters are the model's."""
 
     def __init__(self, model):
@@ -182,7 +185,7 @@ class WithMasks(torch.nn.Module):
         self.model = model
 
     def forward(self, x, masks):
-        return _forward(self.model, x, training=True, masks=masks)
+        return forward(self.model, x, training=True, masks=masks)
 
 
 def shard_loss(forward, model, loss_fn, xb, yb, share: float, masks=()):

@@ -109,7 +109,7 @@ class HostModel(torch.nn.Module):
 
 def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> list[float]:
     """Full-batch Adam on every parameter of the host, Keras's and torch's alike, the Keras weights' constraints
-    applied after each step as Keras's optimizer applies them (`loop.constrain`); returns the loss per step."""
+    applied after each step as Keras's optimizer applies them (`fast.constrain`); returns the loss per step."""
     from native.torch.fast import constrain, constraints_of
 
     optimizer, constrained = torch.optim.Adam(host.parameters(), lr=lr), constraints_of(host.har)

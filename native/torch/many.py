@@ -33,7 +33,8 @@ from torch.optim.adam import adam as functional_adam
 
 from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, output_arrays, take
 from keras_side.spec import SpecError, TrainConfig, check_data
-from native.torch import fast, loop, optim
+from native.torch import compiled, loop, optim
+from native.torch.losses import spec_loss
 
 
 def _forward(model):
@@ -93,7 +94,7 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
         xe = x_by_feature[:, :, order].transpose(1, 2).unflatten(1, (n_batches, size))  # (groups, batches, batch, F)
         ye = y[:, order].unflatten(1, (n_batches, size))
         # compiled: after the first epoch's graphs (fullgraph), only the guards that tell graphs apart
-        with fast.guards_skipped() if compile and epoch else contextlib.nullcontext():
+        with compiled.guards_skipped() if compile and epoch else contextlib.nullcontext():
             for b in range(0, n_batches, STEPS_PER_CALL):
                 chunk = slice(b, b + STEPS_PER_CALL)  # an odd count's last chunk is one step: a graph of its own
                 steps(xe[:, chunk], ye[:, chunk], positions[chunk])
@@ -193,9 +194,9 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     # every model's weights, in order: the one group's own tensors, or the rates' groups joined (a copy a step)
     stacked = (lambda: groups[0]) if len(groups) == 1 else (lambda: [torch.cat(vs) for vs in zip(*groups)])
     state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
-    x, y = fast._tensors(data.x_train, None), fast._tensors(data.y_train, None)
+    x, y = loop.tensors(data.x_train, None), loop.tensors(data.y_train, None)
     weights = None if data.w_train is None else torch.as_tensor(data.w_train)
-    loss_fn = fast.spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))  # (n, 1) each
+    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))  # (n, 1) each
     losses = _losses(model, loss_fn, training=True)
     begin = time.perf_counter()
     for epoch in range(cfg.epochs):
@@ -232,7 +233,7 @@ def predict_seeds(model, trainable, non_trainable, x):
     """Every model's inference-mode predictions on the same x: (models, n, ...); several outputs a tuple of such
     arrays, one each (`output_arrays`: heads of different widths cannot be stacked)."""
     def one(trainable, non_trainable):
-        inputs = keras_inputs(fast._tensors(x, None))
+        inputs = keras_inputs(loop.tensors(x, None))
         pred, _ = model.stateless_call(list(trainable), list(non_trainable), inputs, training=False)
         return tuple(pred) if isinstance(pred, (list, tuple)) else pred
 
@@ -242,7 +243,7 @@ def predict_seeds(model, trainable, non_trainable, x):
 
 def _losses(model, loss_fn, training: bool):
     """`(params, state, x, y, w) -> (each model's loss, its new state)`, vmapped over the models: the spec's loss
-    plus the model's own losses, as `loop.total_loss` computes it for one model."""
+    plus the model's own losses, as `fast.total_loss` computes it for one model."""
     def one(trainable, non_trainable, xb, yb, wb):
         pred, non_trainable, extra = model.stateless_call(list(trainable), list(non_trainable), keras_inputs(xb),
                                                           training=training, return_losses=True)
@@ -270,6 +271,6 @@ def _blocks(rates: list[float]) -> list[tuple[float, slice]]:
 
 def _broadcast(x, n_models: int):
     """The same rows for every model: a leading model axis, expanded (a view, no copy)."""
-    x = fast._tensors(x, None)
+    x = loop.tensors(x, None)
     grow = lambda a: a.expand(n_models, *a.shape)  # noqa: E731
     return tuple(grow(a) for a in x) if isinstance(x, tuple) else grow(x)

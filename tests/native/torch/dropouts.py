@@ -1,4 +1,4 @@
-"""Small models with seeded Dropouts, for the tests of `Draws` (test_loop.py) and of the compiled loop that draws
+"""Small models with seeded Dropouts, for the tests of `Draws` (test_fast.py) and of the compiled loop that draws
 their masks outside its graph (test_compile.py)."""
 import keras
 

@@ -10,7 +10,10 @@ from keras_side import models
 from keras_side.config import compile_apart, compile_in_steps
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
-from native.torch import fast as torch_loop
+from native.torch import compiled as torch_compiled
+from native.torch import fast
+from native.torch import loop
+from native.torch import losses as torch_losses
 from tests.native.loops import flat
 from tests.native.torch.dropouts import functional_dropout, noisy_bn_dropout
 from tests.tiers import rows
@@ -21,7 +24,7 @@ def test_compiled_loop_equals_the_eager_loop_and_reports_its_compile(har):
     results = []
     for compile in (False, True):
         seed_everything(0)
-        results.append(torch_loop.train(models.har(), har, cfg, compile=compile))
+        results.append(fast.train(models.har(), har, cfg, compile=compile))
     eager, compiled = results
     assert compiled.path == "torch-native-compile" and eager.compile_seconds is None
     assert compiled.compile_seconds > 0 and compiled.train_seconds > 0
@@ -34,7 +37,7 @@ def test_a_one_epoch_compiled_run_sets_its_compile_apart_step_by_step(har):
     """With no second epoch to compare the first with, the compile is each batch shape's first step's excess over a
     typical step: the HAR's 18 batches are 17 full ones and a short last one, each shape compiled at its first."""
     seed_everything(0)
-    result = torch_loop.train(models.har(), har, TrainConfig(epochs=1, validate=False), compile=True)
+    result = fast.train(models.har(), har, TrainConfig(epochs=1, validate=False), compile=True)
     assert result.compile_seconds > 0 and result.train_seconds > 0
     # the arithmetic: (batch rows, seconds) per step; 128-row steps after the first are typical, 31 rows came once
     assert compile_in_steps([(128, 5.0), (128, 1.0), (128, 3.0), (128, 1.0), (31, 4.0)]) == (5 - 1) + (4 - 1)
@@ -61,14 +64,14 @@ def test_the_compiled_loop_takes_a_stateless_models_gradient_in_one_graph(panel,
 
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
     cfg = TrainConfig(epochs=2, validate=False).replace(**entry.spec)
-    taken, compiled_gradient = [], torch_loop.compiled_gradient
-    monkeypatch.setattr(torch_loop, "compiled_gradient", lambda *a: taken.append(1) or compiled_gradient(*a))
+    taken, compiled_gradient = [], torch_compiled.compiled_gradient
+    monkeypatch.setattr(torch_compiled, "compiled_gradient", lambda *a: taken.append(1) or compiled_gradient(*a))
     results = []
     for compile in (False, True):
         seed_everything(0)
-        results.append(torch_loop.train(entry.builder()(), data, cfg, compile=compile))
+        results.append(fast.train(entry.builder()(), data, cfg, compile=compile))
     model = models.ensure_built(entry.builder()(), data.x_train)
-    assert bool(taken) == gradient == torch_loop.stateless(model, torch_loop.Draws.of(model, data.x_train))
+    assert bool(taken) == gradient == torch_compiled.stateless(model, torch_compiled.Draws.of(model, data.x_train))
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]  # of the compiled run, the last
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
@@ -96,8 +99,8 @@ def test_a_subclassed_model_is_called_as_fit_calls_it_in_the_compiled_gradient(h
         seed_everything(0)
         model = Twice()
         model(data.x_train[:2])
-        results.append(torch_loop.train(model, data, TrainConfig(epochs=2, validate=False), compile=compile))
-    assert torch_loop.stateless(model)
+        results.append(fast.train(model, data, TrainConfig(epochs=2, validate=False), compile=compile))
+    assert torch_compiled.stateless(model)
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
 
@@ -112,7 +115,7 @@ def test_a_step_that_cannot_be_one_graph_is_refused_with_its_reason(har):
 
     model = keras.Sequential([keras.Input((3,)), Noisy(), keras.layers.Dense(1)])
     with pytest.raises(SpecError, match="which its step breaks .*; train it with compile=False"):
-        torch_loop.train(model, har, TrainConfig(epochs=1, validate=False), compile=True)
+        fast.train(model, har, TrainConfig(epochs=1, validate=False), compile=True)
 
 
 @pytest.mark.parametrize("name", rows(["har", "bn_mlp", "dropout_mlp", "classifier", "lstm", "conv1d", "panel"],
@@ -128,13 +131,13 @@ def test_the_compiled_step_is_one_graph(panel, name):
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
     cfg = TrainConfig().replace(**entry.spec)
     model = models.ensure_built(entry.builder()(), data.x_train)
-    torch_loop.traceable(model)
-    loss_fn = torch_loop.spec_loss(cfg, same_rank=True)
-    x, y = (torch_loop._tensors(take(a, slice(0, 128)), "cpu") for a in (data.x_train, data.y_train))
+    torch_compiled.traceable(model)
+    loss_fn = torch_losses.spec_loss(cfg, same_rank=True)
+    x, y = (loop.tensors(take(a, slice(0, 128)), "cpu") for a in (data.x_train, data.y_train))
     torch.compiler.reset()
-    draws = torch_loop.Draws.of(model, data.x_train)
+    draws = torch_compiled.Draws.of(model, data.x_train)
     masks = draws(len(x)) if draws else ()
-    explained = torch._dynamo.explain(lambda xb, yb, masks: torch_loop.total_loss(model, loss_fn, xb, yb,
+    explained = torch._dynamo.explain(lambda xb, yb, masks: fast.total_loss(model, loss_fn, xb, yb,
                                                                                   training=True, masks=masks))(
         x, y, masks)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
@@ -152,8 +155,8 @@ def test_the_compiled_loop_draws_the_masks_outside_its_one_graph(har, build, sta
     for compile in (False, True):
         seed_everything(0)
         model = build()
-        results.append(torch_loop.train(model, har, cfg, compile=compile))
-    assert torch_loop.stateless(model, torch_loop.Draws.of(model, har.x_train)) == stateless
+        results.append(fast.train(model, har, cfg, compile=compile))
+    assert torch_compiled.stateless(model, torch_compiled.Draws.of(model, har.x_train)) == stateless
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
     np.testing.assert_allclose(flat(results[1].weights), flat(results[0].weights), atol=COMPILED_VS_EAGER_ATOL,
                                rtol=0)
@@ -163,12 +166,12 @@ def test_skipping_guards_after_the_first_epoch_runs_the_same_graphs(har, monkeyp
     """#15: after the first epoch the compiled loop checks only the guards that tell its graphs apart
     (`guards_skipped`); the weights end where a run that checks every guard ends, to the bit."""
     cfg = TrainConfig(epochs=3, validate=False)
-    runs, skipped, stance = [], [], torch_loop.guards_skipped
+    runs, skipped, stance = [], [], torch_compiled.guards_skipped
     for skip in (True, False):
-        monkeypatch.setattr(torch_loop, "guards_skipped", lambda: skipped.append(1) or stance() if skip else
+        monkeypatch.setattr(torch_compiled, "guards_skipped", lambda: skipped.append(1) or stance() if skip else
                             torch.compiler.set_stance("default"))
         seed_everything(0)
-        runs.append(torch_loop.train(models.har(), har, cfg, compile=True))
+        runs.append(fast.train(models.har(), har, cfg, compile=True))
     assert len(skipped) == 2  # epochs 2 and 3 ran with their guards skipped
     assert all(np.array_equal(a, b) for a, b in zip(runs[0].weights, runs[1].weights))
     assert runs[0].train_loss == runs[1].train_loss
@@ -214,8 +217,8 @@ def test_a_compiled_run_compiles_three_graphs_and_never_again(panel, name, monke
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]
     assert data.n_train % 128  # a short last batch
     seed_everything(0)
-    monkeypatch.setattr(torch_loop, "guards_skipped", lambda: torch.compiler.set_stance("default"))  # every guard
-    torch_loop.train(entry.builder()(), data, TrainConfig(epochs=3, validate=False).replace(**entry.spec),
+    monkeypatch.setattr(torch_compiled, "guards_skipped", lambda: torch.compiler.set_stance("default"))  # every guard
+    fast.train(entry.builder()(), data, TrainConfig(epochs=3, validate=False).replace(**entry.spec),
                      compile=True)
     assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
 

@@ -13,7 +13,10 @@ from keras_side.config import keras_inputs, load_trained, shard, take, trained_r
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.torch import ddp
-from native.torch import fast as torch_loop
+from native.torch import compiled as torch_compiled
+from native.torch import fast
+from native.torch import loop
+from native.torch import losses as torch_losses
 from tests.conftest import REPO
 from tests.native import faults
 from tests.tiers import rows
@@ -44,7 +47,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
     parallel, _ = load_trained(tmp_path / "weights.npz")
     assert trained_record(tmp_path / "weights.npz") == {"seed": 0, "versions": versions()}  # rank 0's
     seed_everything(0)
-    alone = torch_loop.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
+    alone = fast.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
     for a, b in zip(alone.weights, parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
@@ -69,7 +72,7 @@ def test_no_model_that_distributed_takes_is_refused(panel, name):
     from tests.native.many_seeds import zoo_data
 
     model = resolve(ZOO[name].build)()
-    ddp.refuse_other_draws(model, torch_loop.Draws.of(model, zoo_data(panel, name).x_train))
+    ddp.refuse_other_draws(model, torch_compiled.Draws.of(model, zoo_data(panel, name).x_train))
 
 
 @pytest.mark.parametrize("name", ["mlp_l2", "two_horizons"])
@@ -86,18 +89,18 @@ def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(pane
     data = har_data.prepare_kind(panel, entry.data)
     seed_everything(0)
     model = resolve(entry.build)()
-    loss_fn = torch_loop.spec_loss(TrainConfig(**{k: v for k, v in entry.spec.items() if k != "metrics"}),
+    loss_fn = torch_losses.spec_loss(TrainConfig(**{k: v for k, v in entry.spec.items() if k != "metrics"}),
                                    same_rank=True)
     params = [p for p in model.parameters() if p.requires_grad]
     rows, world = np.array([10, 500, 1200]), 2
-    x, y = (torch_loop._tensors(take(a, rows), None) for a in (data.x_train, data.y_train))
+    x, y = (loop.tensors(take(a, rows), None) for a in (data.x_train, data.y_train))
     averaged = [torch.zeros_like(p) for p in params]
     for rank in range(world):
         mine = shard(slice(0, len(rows)), rank, world)
         loss = ddp.shard_loss(model, model, loss_fn, take(x, mine), take(y, mine),
                               share=(mine.stop - mine.start) * world / 3)
         averaged = [a + g / world for a, g in zip(averaged, torch.autograd.grad(loss, params), strict=True)]
-    whole, _ = torch_loop.total_loss(model, loss_fn, keras_inputs(x), keras_inputs(y), training=True)
+    whole, _ = fast.total_loss(model, loss_fn, keras_inputs(x), keras_inputs(y), training=True)
     for a, w in zip(averaged, torch.autograd.grad(whole, params), strict=True):
         np.testing.assert_allclose(a.numpy(), w.numpy(), rtol=PARITY_RTOL, atol=PARITY_ATOL)
 

@@ -9,10 +9,14 @@ import torch
 
 from compare.referee.tolerances import PORTABLE_ATOL
 from keras_side import models
+from keras_side import internals
 from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
+from native.torch import bypass
+from native.torch import compiled as torch_compiled
+from native.torch import fast
+from native.torch import losses as torch_losses
 from native.torch import host as torch_host
-from native.torch import fast as torch_loop
 from tests.native.loops import flat
 from tests.native.torch.dropouts import (first_dropout, functional_dropout, lstm_dropout, noisy_bn_dropout,
                                         sequence_dropout)
@@ -36,7 +40,7 @@ def test_functional_call_trap_gives_zero_gradients(har):
     loss = torch.mean((torch.func.functional_call(model, params, (x,)) - y) ** 2)
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     assert all(g is None or float(g.abs().max()) == 0.0 for g in grads)
-    ours = torch_loop.grad_at(model, har.x_train[:256], har.y_train[:256])
+    ours = fast.grad_at(model, har.x_train[:256], har.y_train[:256])
     assert all(np.all(g != 0) for g in ours)
 
 
@@ -52,7 +56,7 @@ def test_a_wrapped_torch_module_keeps_the_compiled_loss():
             return self.linear(x)
 
     model = keras.Sequential([keras.Input((3,)), Wrapped()])
-    assert not torch_loop.stateless(model) and torch_loop.stateless(models.har())
+    assert not torch_compiled.stateless(model) and torch_compiled.stateless(models.har())
 
 
 PREDICT_ON_JAX = """
@@ -133,20 +137,20 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
 
     want = trained(fit.train)
     with pytest.warns(UserWarning, match=r"layer 'dropout\w*' drops out unseeded: .* give it a seed"):  # said
-        gap = np.max(np.abs(trained(torch_loop.train) - want))
+        gap = np.max(np.abs(trained(fast.train) - want))
     print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epochs")
     assert gap > 1e-3
     with pytest.warns(UserWarning, match="drops out unseeded"):
-        np.testing.assert_array_equal(trained(torch_loop.train, draws=2), want)
-    assert torch_loop.global_generator_layers(models.dropout_mlp()) == []  # seeded: its own generator, as in fit
+        np.testing.assert_array_equal(trained(fast.train, draws=2), want)
+    assert internals.global_generator_layers(models.dropout_mlp()) == []  # seeded: its own generator, as in fit
     spatial = keras.Sequential([keras.Input((5, 2)), keras.layers.SpatialDropout1D(0.2)])  # a noise shape: Keras's
-    assert torch_loop.global_generator_layers(spatial) == []  # own generator, seeded or not
+    assert internals.global_generator_layers(spatial) == []  # own generator, seeded or not
     lstm = keras.Sequential([keras.Input((5, 2)), keras.layers.LSTM(2, recurrent_dropout=0.1)])
-    assert [type(layer).__name__ for layer in torch_loop.global_generator_layers(lstm)] == ["LSTMCell"]
+    assert [type(layer).__name__ for layer in internals.global_generator_layers(lstm)] == ["LSTMCell"]
 
 
-@pytest.mark.parametrize("name, logits", [(n, False) for n in sorted(torch_loop.TORCH_LOSSES)] +
-                         [(n, True) for n in sorted(torch_loop.TORCH_LOGIT_LOSSES)])
+@pytest.mark.parametrize("name, logits", [(n, False) for n in sorted(torch_losses.TORCH_LOSSES)] +
+                         [(n, True) for n in sorted(torch_losses.TORCH_LOGIT_LOSSES)])
 def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
     """The loop's MSE, MAE and binary cross-entropy from logits in plain torch (for speed, and one graph under
     torch.compile) against the Keras Loss object `fit` compiles with."""
@@ -158,13 +162,13 @@ def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
         y_true = (y_true > 0).to(torch.float32)  # 0/1 labels
     cfg = TrainConfig(loss=name, from_logits=logits)
     want = keras_loss(cfg)(y_true, y_pred)
-    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
-    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
+    assert torch.equal(torch_losses.spec_loss(cfg, same_rank=True)(y_true, y_pred), want)
+    assert torch.equal(torch_losses.spec_loss(cfg, same_rank=False)(y_true[:, 0], y_pred), want)  # Keras shapes (n,)
     half = y_pred.to(torch.bfloat16)  # a mixed-precision model's outputs: Keras's loss casts them to float32 first
-    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, half), keras_loss(cfg)(y_true, half))
+    assert torch.equal(torch_losses.spec_loss(cfg, same_rank=True)(y_true, half), keras_loss(cfg)(y_true, half))
     masked = y_pred.clone()
     masked._keras_mask = torch.as_tensor(rng.uniform(size=257) > 0.3)  # a mask on the outputs: Keras weighs it out
-    assert torch.equal(torch_loop.spec_loss(cfg, same_rank=True)(y_true, masked), keras_loss(cfg)(y_true, masked))
+    assert torch.equal(torch_losses.spec_loss(cfg, same_rank=True)(y_true, masked), keras_loss(cfg)(y_true, masked))
 
 
 @pytest.mark.parametrize("weights", [(1.0, 0.5), None])
@@ -177,7 +181,7 @@ def test_several_outputs_losses_in_torch_are_compiles_combination_to_the_bit(wei
     y_true, y_pred = ([torch.as_tensor(rng.normal(size=(129, 1)).astype(np.float32)) for _ in range(2)]
                       for _ in range(2))
     cfg = TrainConfig(loss=("mse", "mae"), loss_weights=weights)
-    mine = torch_loop.spec_loss(cfg, same_rank=True)
+    mine = torch_losses.spec_loss(cfg, same_rank=True)
     assert not isinstance(mine, type(training_loss(cfg)))  # the torch one
     for sample_weight in (None, torch.as_tensor(rng.uniform(size=129).astype(np.float32))):
         assert torch.equal(mine(y_true, y_pred, sample_weight), training_loss(cfg)(y_true, y_pred, sample_weight))
@@ -186,7 +190,7 @@ def test_several_outputs_losses_in_torch_are_compiles_combination_to_the_bit(wei
 SAVE_IN_ANOTHER_PROCESS = """
 import sys, keras, torch
 from native.torch.host import HostModel
-from tests.native.torch.test_loop import unnamed_model
+from tests.native.torch.test_fast import unnamed_model
 
 torch.manual_seed(0)
 keras.utils.set_random_seed(0)
@@ -287,7 +291,7 @@ def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates,
     seed_everything(0)
     model = build()
     probed = _state(model)
-    draws = torch_loop.Draws.of(model, np.zeros((2, *shape), np.float32))
+    draws = torch_compiled.Draws.of(model, np.zeros((2, *shape), np.float32))
     assert all(np.array_equal(a, b) for a, b in zip(probed, _state(model)))  # its probe call moved no state
     assert [layer.rate for layer in draws.layers] == rates
     seeds = [layer.seed_generator.state for layer in draws.layers]
@@ -297,7 +301,7 @@ def test_draws_are_the_masks_and_seed_states_of_kerass_own_dropout(build, rates,
         keras_out, keras_after = model(x, training=True), _state(model)
         for v, value in zip(model.variables, before):
             v.assign(value)
-        ours = torch_loop._forward(model, x, training=True, masks=draws(len(x)))
+        ours = bypass.forward(model, x, training=True, masks=draws(len(x)))
         assert torch.equal(ours, keras_out)
         assert all(np.array_equal(a, b) for a, b in zip(keras_after, _state(model)))
         assert all(not np.array_equal(a, np.array(s)) for a, s in zip(seeds_before, seeds))  # every seed moved
@@ -332,17 +336,17 @@ def test_draws_are_none_where_the_masks_are_not_drawn_as_a_seeded_dropout_draws_
         x = np.zeros((2, 3), np.int32)
     else:
         model = keras.Sequential([keras.Input((3,)), *layers, L.Dense(1)])
-    assert torch_loop.Draws.of(model, x) is None
+    assert torch_compiled.Draws.of(model, x) is None
 
 
 def test_masks_no_layer_takes_are_an_error():
     model = first_dropout()
-    masks = torch_loop.Draws.of(model, np.zeros((2, 3), np.float32))(4)
+    masks = torch_compiled.Draws.of(model, np.zeros((2, 3), np.float32))(4)
     x = torch.ones((4, 3))
     with pytest.raises(RuntimeError, match="internal: Draws drew 1 more Dropout mask"):
-        torch_loop._forward(model, x, training=True, masks=masks * 2)
+        bypass.forward(model, x, training=True, masks=masks * 2)
     with pytest.raises(RuntimeError, match="for a model this call does not run layer by layer"):
-        torch_loop._forward(model, torch.ones((4, 3), dtype=torch.float64), training=True, masks=masks)
+        bypass.forward(model, torch.ones((4, 3), dtype=torch.float64), training=True, masks=masks)
 
 
 def _state(model) -> list[np.ndarray]:
@@ -359,12 +363,12 @@ def test_a_sequential_models_layers_in_order_are_the_model(name, training):
     seed_everything(0)
     model = ZOO[name].builder()()
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(64, *model.inputs[0].shape[1:])).astype(np.float32))
-    assert torch_loop.in_order(model) is not None
+    assert bypass.in_order(model) is not None
     before = _state(model)
     whole, whole_losses, whole_after = model(x, training=training), list(model.losses), _state(model)
     for v, value in zip(model.variables, before):
         v.assign(value)  # the Dropout seed and the moving statistics back where they were
-    layered = torch_loop._forward(model, x, training=training)
+    layered = bypass.forward(model, x, training=training)
     assert torch.equal(whole, layered)
     assert len(whole_losses) == len(model.losses) and all(torch.equal(a, b) for a, b in zip(whole_losses, model.losses))
     assert all(np.array_equal(a, b) for a, b in zip(whole_after, _state(model)))
@@ -397,7 +401,7 @@ def test_a_layer_is_called_through_its_call_when_its_wrapper_has_nothing_to_do(m
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(16, *model.inputs[0].shape[1:])).astype(np.float32))
     want = model(x, training=False)
     called = _called_whole(monkeypatch)
-    assert torch.equal(torch_loop._forward(model, x, training=False), want) and called == whole
+    assert torch.equal(bypass.forward(model, x, training=False), want) and called == whole
 
 
 @pytest.mark.parametrize("name, whole", [("two_horizons", []), ("panel", ["asset_level", "concat"]),
@@ -415,8 +419,8 @@ def test_a_functional_models_graph_run_by_keras_runner_is_the_model(monkeypatch,
         x = (x, torch.as_tensor(rng.integers(0, models.N_ASSETS, size=(16, 1)), dtype=torch.int32))
     want = model(list(x) if isinstance(x, tuple) else x, training=training)
     called = _called_whole(monkeypatch)
-    got = torch_loop._forward(model, x, training=training)
-    assert called == whole and torch_loop._own_graph(model)
+    got = bypass.forward(model, x, training=training)
+    assert called == whole and bypass.own_graph(model)
     for a, b in zip(*(w if isinstance(w, list) else [w] for w in (want, got)), strict=True):
         assert torch.equal(a, b)
 
@@ -456,15 +460,15 @@ def test_an_lstm_runs_as_torchs_own_lstm_op_to_the_bit(monkeypatch, name):
     dtype = torch.float64 if name == "float64" else torch.float32
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, *model.inputs[0].shape[1:]))).to(dtype)
     lstm = next(layer for layer in model.layers if isinstance(layer, keras.layers.LSTM))
-    assert torch_loop._plain_lstm(lstm, x)
+    assert bypass._plain_lstm(lstm, x)
     want = _outputs_and_gradients(model, lambda: model(x, training=True))
     called = _called_whole(monkeypatch)
-    got = _outputs_and_gradients(model, lambda: torch_loop._forward(model, x, training=True))
+    got = _outputs_and_gradients(model, lambda: bypass.forward(model, x, training=True))
     assert not any("lstm" in layer for layer in called) and torch.backends.mkldnn.enabled
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     torch.backends.mkldnn.enabled = False  # off before the call: off after it
     try:
-        torch_loop._forward(model, x, training=True)
+        bypass.forward(model, x, training=True)
         assert not torch.backends.mkldnn.enabled
     finally:
         torch.backends.mkldnn.enabled = True
@@ -478,9 +482,9 @@ def test_a_bfloat16_lstm_pair_as_torchs_op_to_the_bit():
     x = torch.as_tensor(np.random.default_rng(0).normal(size=(32, 10, 4))).to(torch.bfloat16)
     pair = keras.Sequential([first, second])  # no Input: its parameters, not a graph (bfloat16 builds none)
     pair(x)
-    assert torch_loop._plain_lstm(first, x) and torch_loop._plain_lstm(second, first(x))
+    assert bypass._plain_lstm(first, x) and bypass._plain_lstm(second, first(x))
     want = _outputs_and_gradients(pair, lambda: second(first(x, training=True), training=True))
-    got = _outputs_and_gradients(pair, lambda: torch_loop._lstm(second, torch_loop._lstm(first, x, True), True))
+    got = _outputs_and_gradients(pair, lambda: bypass._lstm(second, bypass._lstm(first, x, True), True))
     assert len(got) == 7 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # output, 6 gradients
 
 
@@ -500,7 +504,7 @@ def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
     lstm(x), plain(x)
     if change == "hook":
         lstm.register_forward_hook(lambda *args: None)
-    assert torch_loop._plain_lstm(plain, x)
+    assert bypass._plain_lstm(plain, x)
     if change == "mask":
         x = x.clone()
         x._keras_mask = torch.ones((4, 10), dtype=torch.bool)  # as a masking layer before it leaves it
@@ -509,9 +513,9 @@ def test_an_lstm_keras_computes_otherwise_goes_through_keras(change):
         lstm.dtype_policy = "float64"  # set after the build: the cell's weights stay float32
         x = x.double()
     with torch.autocast("cpu", enabled=change == "autocast"):
-        assert not torch_loop._plain_lstm(lstm, x) and not torch_loop._direct(lstm, x)
+        assert not bypass._plain_lstm(lstm, x) and not bypass._direct(lstm, x)
     if change in ("one row", "one step"):
-        assert torch.equal(torch_loop._forward(keras.Sequential([lstm]), x, training=False), lstm(x))
+        assert torch.equal(bypass.forward(keras.Sequential([lstm]), x, training=False), lstm(x))
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -531,7 +535,7 @@ def test_a_functional_models_layers_with_recorded_flags_take_their_call(monkeypa
     for v, value in zip(model.variables, before):
         v.assign(value)
     called = _called_whole(monkeypatch)
-    got = torch_loop._forward(model, x, training=training)
+    got = bypass.forward(model, x, training=training)
     assert called == [] and torch.equal(got, want)
     assert all(np.array_equal(a, b) for a, b in zip(want_state, _state(model)))
 
@@ -544,13 +548,13 @@ def test_a_torch_hook_or_another_dtype_sends_a_layer_through_keras_call(monkeypa
     want, seen = model(x), []
     handle = model.layers[0].register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
     called = _called_whole(monkeypatch)
-    assert torch.equal(torch_loop._forward(model, x, training=True), want) and seen == [(4, 1)]
+    assert torch.equal(bypass.forward(model, x, training=True), want) and seen == [(4, 1)]
     assert called == ["har"]  # the Dense layer (named as its model)
     handle.remove()
-    assert torch.equal(torch_loop._forward(model, x, training=True), want) and called == ["har"]  # hook gone: bare
-    assert torch_loop._bare(model.layers[0], x) and not torch_loop._bare(model.layers[0], x.double())
+    assert torch.equal(bypass.forward(model, x, training=True), want) and called == ["har"]  # hook gone: bare
+    assert bypass._bare(model.layers[0], x) and not bypass._bare(model.layers[0], x.double())
     mixed = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, dtype="mixed_bfloat16")])
-    assert not torch_loop._bare(mixed.layers[0], x) and torch_loop._forward(mixed, x, True).dtype == torch.bfloat16
+    assert not bypass._bare(mixed.layers[0], x) and bypass.forward(mixed, x, True).dtype == torch.bfloat16
 
 
 def test_a_hook_on_a_sequential_model_itself_fires_in_every_verb(har):
@@ -559,13 +563,13 @@ def test_a_hook_on_a_sequential_model_itself_fires_in_every_verb(har):
     seed_everything(0)
     model = models.har()
     x = har.x_train[:64]
-    plain = torch_loop.predict(model, x)
+    plain = fast.predict(model, x)
     seen = []
     model.register_forward_hook(lambda module, args, out: seen.append(1) or out + 100.0)
-    assert torch_loop.in_order(model) is None
-    np.testing.assert_allclose(torch_loop.predict(model, x), plain + 100.0, rtol=1e-6)
-    assert seen and torch_loop.grad_at(model, x, har.y_train[:64]) and len(seen) >= 2
-    result = torch_loop.train(model, har, TrainConfig(epochs=1, validate=False))
+    assert bypass.in_order(model) is None
+    np.testing.assert_allclose(fast.predict(model, x), plain + 100.0, rtol=1e-6)
+    assert seen and fast.grad_at(model, x, har.y_train[:64]) and len(seen) >= 2
+    result = fast.train(model, har, TrainConfig(epochs=1, validate=False))
     assert result.train_loss[0] > 1000  # outputs 100 off every target: the hook is in the loss
 
 
@@ -576,10 +580,10 @@ def test_masks_ride_on_the_tensors_between_layers_in_order():
     model = keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(4, 3, mask_zero=True),
                               keras.layers.LSTM(2), keras.layers.Dense(1)])
     x = torch.as_tensor([[1, 2, 3, 0, 0], [3, 0, 0, 0, 0]], dtype=torch.int32)
-    assert torch.equal(model(x, training=True), torch_loop._forward(model, x, training=True))
-    unmasked = torch_loop._forward(model, torch.as_tensor([[1, 2, 3, 3, 3], [3, 3, 3, 3, 3]], dtype=torch.int32),
+    assert torch.equal(model(x, training=True), bypass.forward(model, x, training=True))
+    unmasked = bypass.forward(model, torch.as_tensor([[1, 2, 3, 3, 3], [3, 3, 3, 3, 3]], dtype=torch.int32),
                                    training=True)
-    assert not torch.equal(unmasked, torch_loop._forward(model, x, training=True))  # the mask did something
+    assert not torch.equal(unmasked, bypass.forward(model, x, training=True))  # the mask did something
 
 
 def test_a_layer_that_makes_a_mask_is_called_through_keras(monkeypatch):
@@ -592,11 +596,11 @@ def test_a_layer_that_makes_a_mask_is_called_through_keras(monkeypatch):
     x = torch.as_tensor([[1, 2, 3, 0, 0], [3, 0, 0, 0, 0]], dtype=torch.float32)[..., None]
     want = model(x, training=True)
     called = _called_whole(monkeypatch)
-    assert torch.equal(torch_loop._forward(model, x, training=True), want)
+    assert torch.equal(bypass.forward(model, x, training=True), want)
     assert called[:2] == [model.layers[0].name, model.layers[1].name]  # then the LSTM's cell, a day at a time
     assert model.layers[2].name not in called  # the Dense after them: bare
-    assert not torch_loop._makes_no_mask(model.layers[0], x)
-    assert torch_loop._makes_no_mask(keras.layers.GlobalAveragePooling1D(), x)
+    assert not bypass._makes_no_mask(model.layers[0], x)
+    assert bypass._makes_no_mask(keras.layers.GlobalAveragePooling1D(), x)
     unmasked = keras.Sequential([keras.Input((5, 1)), model.layers[1], model.layers[2]])
     assert not torch.equal(unmasked(x), want)  # the mask did something
 
@@ -607,7 +611,7 @@ def test_a_lambda_is_called_through_keras_so_its_layers_see_the_training_flag(mo
     dropout = keras.layers.Dropout(0.5, seed=0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Lambda(lambda x: dropout(x))])
     called = _called_whole(monkeypatch)
-    out = torch_loop._forward(model, torch.ones((4, 64)), training=True)
+    out = bypass.forward(model, torch.ones((4, 64)), training=True)
     assert model.layers[0].name in called and (out == 0).any() and (out == 2).any()
 
 
@@ -627,13 +631,13 @@ def test_a_layer_holding_layers_without_a_training_flag_keeps_the_model_whole():
             return 2 * super().call(x, training=training)
 
     model = keras.Sequential([keras.Input((3,)), Block(), keras.layers.Dense(1)])
-    assert torch_loop.in_order(model) is None and torch_loop.in_order(models.mlp_functional()) is None
+    assert bypass.in_order(model) is None and bypass.in_order(models.mlp_functional()) is None
     doubled = Doubled([keras.Input((3,)), keras.layers.Dense(1)])
-    assert torch_loop.in_order(doubled) is None  # its own call is the model
-    assert torch.equal(torch_loop._forward(doubled, torch.ones((2, 3)), training=True), doubled(torch.ones((2, 3))))
+    assert bypass.in_order(doubled) is None  # its own call is the model
+    assert torch.equal(bypass.forward(doubled, torch.ones((2, 3)), training=True), doubled(torch.ones((2, 3))))
     x = torch.ones((1000, 3))
     assert not torch.equal(model(x, training=True), model(x, training=False))  # the flag reached the Dropout
-    assert torch.equal(torch_loop._forward(model, x, training=False), model(x, training=False))
+    assert torch.equal(bypass.forward(model, x, training=False), model(x, training=False))
 
 
 def test_inputs_the_models_graph_would_adjust_go_through_the_model_whole():
@@ -641,8 +645,8 @@ def test_inputs_the_models_graph_would_adjust_go_through_the_model_whole():
     seed_everything(0)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
     x = torch.ones(4)
-    assert torch.equal(torch_loop._forward(model, x, training=False), model(x, training=False))
-    assert torch_loop._as_declared(model, torch.ones((4, 1))) and not torch_loop._as_declared(model, x)
+    assert torch.equal(bypass.forward(model, x, training=False), model(x, training=False))
+    assert bypass.as_declared(model, torch.ones((4, 1))) and not bypass.as_declared(model, x)
 
 
 def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
@@ -668,8 +672,8 @@ def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
 
     cfg = TrainConfig(epochs=2, validate=False, batch_order="numpy", optimizer="adamw", weight_decay=0.1)
     trained = {}
-    for name, train in [("fit", fit.train), ("eager", torch_loop.train),
-                        ("compiled", functools.partial(torch_loop.train, compile=True))]:
+    for name, train in [("fit", fit.train), ("eager", fast.train),
+                        ("compiled", functools.partial(fast.train, compile=True))]:
         keras.backend.clear_session(free_memory=False)  # the same names each time
         seed_everything(0)
         model = Extra()
@@ -678,7 +682,7 @@ def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
             warnings.filterwarnings("ignore", "Gradients do not exist")  # fit's, about the unused variable
             train(model, har, cfg)
             trained[name] = {v.path: v.numpy() for v in model.weights}
-    assert torch_loop.stateless(model)
+    assert torch_compiled.stateless(model)
     for name in ("eager", "compiled"):
         assert list(trained[name]) == list(trained["fit"])
         for path, want in trained["fit"].items():
