@@ -7,19 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from compare.referee.tolerances import PORTABLE_ATOL
-from keras_side import models
-from keras_side import internals
-from keras_side.spec import TrainConfig
+from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
+from keras_side import internals, models
+from keras_side.config import as_tuple
 from keras_side.determinism import seed_everything
-from native.torch import bypass
+from keras_side.spec import TrainConfig
+from keras_side.zoo import ZOO
+from native.torch import bypass, fast, loop
 from native.torch import compiled as torch_compiled
-from native.torch import fast
-from native.torch import losses as torch_losses
 from native.torch import host as torch_host
+from native.torch import losses as torch_losses
 from tests.native.loops import flat
 from tests.native.torch.dropouts import (first_dropout, functional_dropout, lstm_dropout, noisy_bn_dropout,
                                         sequence_dropout)
+from tests.tiers import rows
 
 
 def test_keras_model_is_a_torch_module_with_its_weights_as_parameters():
@@ -688,3 +689,44 @@ def test_what_fit_skips_and_what_it_adds_only_in_training_the_loops_do_too(har):
         for path, want in trained["fit"].items():
             np.testing.assert_allclose(trained[name][path], want, atol=ZOO_ATOL, rtol=0, err_msg=f"{name} {path}")
     np.testing.assert_array_equal(trained["compiled"][next(p for p in trained["fit"] if "unused" in p)], [1, 1])
+
+
+# The zoo rows that take each branch of the fast path: a Sequential model's layers in order, each through its `call`
+# (har, har_recent's sample weights); a layer with an activity regularizer through Keras's wrapper (mlp_l2);
+# BatchNorm's moving statistics (bn_mlp); a seeded Dropout (dropout_mlp, whose masks the compiled step draws outside
+# its graph); torch's LSTM op (lstm); a pooling that makes no mask (conv1d); a Functional model's graph by Keras's
+# runner with two outputs and the combined loss in torch (two_horizons); the logits' loss in torch (classifier);
+# two inputs, one of them integers (panel).
+REFERENCE_ROWS = ["har", "har_recent", "mlp_l2", "bn_mlp", "dropout_mlp", "lstm", "conv1d", "two_horizons",
+                  "classifier", "panel"]
+
+
+def _trained(train, name, panel, **options):
+    """`train`'s Result on a zoo model, from the weights and batches every path starts from."""
+    from compare.data import panel as har_data
+
+    entry = ZOO[name]
+    data, cfg = har_data.prepare_kind(panel, entry.data), TrainConfig(epochs=2).replace(**entry.spec)
+    seed_everything(0)
+    return train(entry.builder()(), data, cfg, **options)
+
+
+@pytest.mark.parametrize("name", rows(REFERENCE_ROWS, fast=REFERENCE_ROWS))  # a second each: every row, always
+def test_the_fast_loop_ends_on_the_reference_loops_weights_to_the_bit(panel, name):
+    """The eager fast path (Keras's wrapper bypassed, torch's LSTM op, the losses in torch) is the reference loop
+    made fast, not another loop: the same weights, losses and predictions, to the bit."""
+    reference, ours = _trained(loop.train, name, panel), _trained(fast.train, name, panel)
+    assert ours.path == "torch-native-fast" and reference.path == "torch-native"
+    assert [w.shape for w in ours.weights] == [w.shape for w in reference.weights]
+    assert all(np.array_equal(a, b) for a, b in zip(ours.weights, reference.weights))
+    assert ours.train_loss == reference.train_loss and ours.val_loss == reference.val_loss
+    assert all(np.array_equal(a, b)
+               for a, b in zip(as_tuple(ours.test_pred), as_tuple(reference.test_pred), strict=True))
+
+
+@pytest.mark.parametrize("name", rows(REFERENCE_ROWS, fast=["har", "dropout_mlp"]))
+def test_the_compiled_loop_ends_on_the_reference_loops_weights(panel, name):
+    """`compile=True` against the reference loop, within what torch.compile's fused kernels round differently."""
+    reference, ours = _trained(loop.train, name, panel), _trained(fast.train, name, panel, compile=True)
+    assert ours.path == "torch-native-compile"
+    np.testing.assert_allclose(flat(ours.weights), flat(reference.weights), atol=COMPILED_VS_EAGER_ATOL, rtol=0)
