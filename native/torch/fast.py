@@ -74,7 +74,7 @@ def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, s
 def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None,
           checkpoint=None, resume: bool = False) -> Result:
     """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
-    `compile=True` runs the step through `torch.compile` (the module's docstring). `on_step(loss)` is called after
+    `compile=True` runs the step through `torch.compile` (`native.torch.compiled`). `on_step(loss)` is called after
     every optimizer step with the step's batch loss (the training-parity check reads the weights there).
     `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler
     with `torch.save`); `resume=True` goes on from the last one there."""
