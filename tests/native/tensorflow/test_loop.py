@@ -2,6 +2,7 @@ import numpy as np
 
 from keras_side import models
 from keras_side.determinism import seed_everything
+from keras_side.metrics import EpochMetrics
 from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
 from native.tensorflow import loop as tf_loop
 
@@ -14,7 +15,8 @@ def test_step_traces_once_for_every_batch_size_and_gathers_its_rows(har):
     model = models.har()
     optimizer = keras_optimizer(TrainConfig())
     optimizer.build(model.trainable_variables)
-    step = tf_loop.make_step(model, keras_loss(TrainConfig()), optimizer, har.x_train, har.y_train)
+    step = tf_loop.make_step(model, keras_loss(TrainConfig()), optimizer, EpochMetrics(TrainConfig()),
+                             (har.x_train, har.y_train, None))
     rows = np.arange(len(har.x_train))[::-1]  # not in order: the gather picks them
     for batch in (rows[0:128], rows[128:256], rows[:37]):
         expected = float(tf.reduce_mean(tf.square(model(har.x_train[batch]) - har.y_train[batch])))

@@ -1,0 +1,65 @@
+"""Your first training loop, on TensorFlow: the HAR model trained by hand, as in the Keras guide "Writing a training
+loop from scratch in TensorFlow". Run it:
+
+    python -m native.tensorflow.first_loop
+
+Corsi's HAR predicts tomorrow's log realized variance from the means of the last 1, 5 and 22 days: a `Dense(1)`.
+Least squares (OLS) gives its best slopes in closed form, so the loop ends by printing its slopes beside OLS's.
+`diff native/torch/first_loop.py native/jax/first_loop.py` shows only the engine; docs/lesson.md reads it line by
+line, and `native/tensorflow/loop.py` is the same loop with everything `fit` adds.
+"""
+import os
+
+os.environ["KERAS_BACKEND"] = "tensorflow"  # Keras reads it once, at its first import
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from compare.data import panel, reference, synthetic  # noqa: E402
+from keras_side import models  # noqa: E402
+
+EPOCHS, BATCH_SIZE, LEARNING_RATE, SEED = 40, 128, 0.01, 0
+
+
+def main():
+    # 1. Data: the features of each day and the next day's log RV, standardized with the training rows' statistics
+    prices = synthetic.simulate(SEED)
+    data = panel.prepare(prices)
+    x, y = tf.constant(data.x_train), tf.constant(data.y_train)
+
+    # 2. Model: Keras builds it; on TensorFlow its weights are tf.Variables
+    keras.utils.set_random_seed(SEED)
+    model = models.har()
+
+    # 3. Optimizer and loss: Keras's Adam, which is TensorFlow's own (tf.keras is Keras), the mean squared error
+    optimizer = keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+    loss_fn = keras.losses.MeanSquaredError()
+
+    # 4. One step: forward, loss, gradients, update, compiled into a graph by tf.function
+    @tf.function
+    def train_step(x_batch, y_batch):
+        with tf.GradientTape() as tape:
+            y_pred = model(x_batch, training=True)
+            loss = loss_fn(y_batch, y_pred)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    # 5. The epochs: every row once per epoch, in a new order, a batch at a time
+    for epoch in range(EPOCHS):
+        order = tf.random.experimental.stateless_shuffle(tf.range(len(y)), seed=[SEED, epoch])
+        for start in range(0, len(y), BATCH_SIZE):
+            rows = order[start:start + BATCH_SIZE]
+            loss = train_step(tf.gather(x, rows), tf.gather(y, rows))
+        print(f"epoch {epoch + 1}: last batch's loss {float(loss):.4f}")
+
+    # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
+    kernel, bias = model.get_weights()
+    _, slopes = data.scaling.to_original(kernel, bias)
+    ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT, None)
+    print("slopes (d1, s5, m22):", slopes.round(3), " OLS:", ols.slopes.round(3))
+    return model, data
+
+
+if __name__ == "__main__":
+    main()
