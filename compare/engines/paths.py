@@ -36,7 +36,10 @@ PATHS = {
     for p in (Path(f"keras-{engine}", engine, "keras_side.fit"), Path(f"{engine}-native", engine, LOOP_MODULES[engine]))
 }
 PATHS |= {f"keras-{e}-train-step": Path(f"keras-{e}-train-step", e, f"native.{e}.train_step") for e in ENGINES}
-PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.loop", {"driver": "scan"})
+# The JAX loop's fast paths, each tested to end on the reference loop's weights: Keras's 1-D convolution as a matmul
+# (`native.jax.fast`), and every epoch in one compiled `lax.scan` (`native.jax.scan`, the convolution as a matmul too).
+PATHS["jax-native-fast"] = Path("jax-native-fast", "jax", "native.jax.fast")
+PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.scan")
 # The torch loop's fast paths (`native.torch.fast`), each tested to end on the reference loop's weights: Keras's call
 # wrapper bypassed where it has nothing to do, and the step through `torch.compile`.
 PATHS["torch-native-fast"] = Path("torch-native-fast", "torch", "native.torch.fast")

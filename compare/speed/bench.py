@@ -35,7 +35,7 @@ WALK_FORWARD_TARGETS = (("jax-vmap-1dev", 800.0), ("jax-vmap-2dev", 1200.0), ("t
 
 
 # Timed beside the referee's paths; the "-engine" ones run torch's stock Adam, the price of the exact one.
-VARIANTS = {"jax": ["jax-native-scan"],
+VARIANTS = {"jax": ["jax-native-fast", "jax-native-scan"],
             "torch": ["torch-native-fast", "torch-native-compile", "torch-native-engine", "torch-native-compile-engine"]}
 
 

@@ -3,8 +3,8 @@ the same shapes, weights, batches and Keras-exact optimizer, so every path's tim
 
     torch-raw      the forward in torch ops, the MSE, autograd, `native.torch.optim`'s optimizer, the torch loop's
                    batches
-    jax-raw        the same step in `jax.numpy`, jitted, driven by `native/jax/loop.py`'s Python loop
-    jax-raw-scan   the same step under `native/jax/loop.py`'s fused `lax.scan` driver
+    jax-raw        the same step in `jax.numpy`, jitted, driven as `native/jax/loop.py`'s Python loop drives its step
+    jax-raw-scan   the same step under `native/jax/scan.py`'s fused `lax.scan` driver
 
 Written for the HAR and the two sequence models of the zoo on both engines, and for dropout_mlp on JAX (`RAW`):
 `Dense(1)` is `x @ w + b`; the LSTM is torch's own LSTM op (ATen's cell, as the torch loop runs it) and a `lax.scan`
@@ -197,18 +197,41 @@ def _jax_raw(weights: list[np.ndarray], seeds, model: str, cfg: TrainConfig):
 def jax_raw(data: HarData, cfg: TrainConfig, weights: list[np.ndarray], model: str = "har", driver: str = "loop",
             trained: list | None = None, seeds=()) -> tuple[float, float]:
     """(seconds, compile seconds) of `model`'s training from `weights` (and its random layers' seed states `seeds`)
-    without Keras on JAX, under the native loop's own driver; `trained` receives the weights."""
-    from native.jax import loop
+    without Keras on JAX, driven as the native loop drives its step (`driver="loop"`: the reference loop's Python
+    epochs; `"scan"`: `native.jax.scan`'s fused program); `trained` receives the weights."""
+    from native.jax import loop, scan
 
     step, state = _jax_raw(weights, seeds, model, cfg)
-    train_xy, val = loop.arrays(data)
     orders = np.asarray(loop.batch_orders(cfg, data.n_train))
-    run = loop._scan_driver if driver == "scan" else loop._loop_driver
-    state, _, compile_seconds, seconds = run(step, None, [], state, train_xy, orders, val,
-                                             cfg.replace(validate=False), None)
+    if driver == "scan":
+        train_xy, val = scan.arrays(data)
+        state, _, compile_seconds, seconds = scan._scan_driver(step, None, [], state, train_xy, orders, val,
+                                                               cfg.replace(validate=False), None)
+    else:
+        state, compile_seconds, seconds = _jax_loop(step, state, data, orders, cfg)
     if trained is not None:
         trained.extend(np.asarray(p) for p in state[0])
     return seconds, compile_seconds
+
+
+def _jax_loop(step, state, data: HarData, orders: np.ndarray, cfg: TrainConfig):
+    """`(state, compile seconds, seconds)`: the step driven as `native.jax.loop.train` drives it, each batch's rows
+    gathered from NumPy, each batch shape compiled before the epochs, one wait for the device per epoch."""
+    import jax
+
+    from native.jax import loop
+
+    slices = batch_slices(data.n_train, cfg.batch_size)
+    first = [loop.rows_of(data, orders[0][s]) for s in (slices[0], slices[-1])]  # a full batch, the short last one
+    compile_seconds = loop.compile_step(step, state, first)
+    start = time.perf_counter()
+    for order in orders:
+        losses = []
+        for rows in slices:
+            state, loss = step(state, loop.rows_of(data, order[rows]))
+            losses.append(loss)
+        jax.device_get(losses)
+    return state, compile_seconds, time.perf_counter() - start
 
 
 FLOORS = {"torch-raw": ("torch", torch_raw), "jax-raw": ("jax", jax_raw),

@@ -1,8 +1,8 @@
 """Many Keras models at once in JAX: `jax.vmap` of a fused trainer over models, one compiled call.
 
 Two trainers. `train_seeds` trains any model (any input rank, BatchNorm, Dropout, the spec's loss and optimizer)
-once per seed, each from its own initial weights and with its own batch order: the fused scan driver of
-`native.jax.loop`, vmapped, so seed s ends where `loop.train(..., driver="scan")` with seed s ends (tested).
+once per seed, each from its own initial weights and with its own batch order: the fused scan of
+`native.jax.scan`, vmapped, so seed s ends where `scan.train` with seed s ends (tested).
 
     start = InitialWeights.of(build, data.x_train).draw(seeds)          # keras_side.initial
     trained = train_seeds(model, data, cfg, start, seed_orders(cfg, seeds, data.n_train))
@@ -39,7 +39,7 @@ from keras_side.config import HarData, keras_inputs, output_arrays
 from keras_side.initial import InitialWeights
 from keras_side.models import inference_drawing_layers
 from keras_side.spec import TrainConfig, check_data, keras_metrics, training_loss
-from native.jax import convolution, loop, optim
+from native.jax import convolution, loop, optim, scan
 
 
 def adam(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -214,12 +214,12 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
         optimizer = optax.inject_hyperparams(lambda learning_rate: optim.build(cfg, learning_rate))(
             learning_rate=cfg.learning_rate)
     loss_fn, metrics = training_loss(cfg), keras_metrics(cfg)
-    train_xy, val = loop.arrays(data)
-    evaluate = loop.make_evaluate(model, loss_fn, metrics)
+    train_xy, val = scan.arrays(data)
+    evaluate = scan.make_evaluate(model, loss_fn, metrics)
     # The validation loss once, at the end; every epoch where a validation moves a recurrent dropout's seed state
     # (`inference_drawing_layers`), as it moves in the loop and in fit.
     each_epoch = cfg.validate and bool(inference_drawing_layers(model))
-    run = loop.make_fused(loop.make_step(model, loss_fn, optimizer, metrics), evaluate, metrics, train_xy, val,
+    run = scan.make_fused(loop.make_step(model, loss_fn, optimizer, metrics), evaluate, metrics, train_xy, val,
                           cfg.replace(validate=each_epoch))
 
     def one(trainable, non_trainable, order, learning_rate):
@@ -227,12 +227,13 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
         if learning_rate is not None:
             opt_state.hyperparams["learning_rate"] = learning_rate
         state, _ = run((trainable, non_trainable, opt_state, loop.fresh(metrics)), order)
-        return state[0], state[1], evaluate(state[0], state[1], *val)[0]
+        return state[0], state[1], evaluate(state, *val)[1]
 
     lrs = None if learning_rates is None else jnp.asarray(learning_rates, jnp.float32)
     args = (*jax.tree.map(jnp.asarray, tuple(start)), jnp.asarray(orders), lrs)
     begin = time.perf_counter()
-    trainer = jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None if lrs is None else 0))).lower(*args).compile()
+    with convolution.as_matmuls():  # traced inside: the program computes a 1-D convolution as the scan path does
+        trainer = jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None if lrs is None else 0))).lower(*args).compile()
     compile_seconds = time.perf_counter() - begin
     begin = time.perf_counter()
     trainable, non_trainable, val_loss = jax.block_until_ready(trainer(*args))

@@ -77,9 +77,10 @@ class KerasAdamState(NamedTuple):
     v: optax.Updates
 
 
-def keras_adam(learning_rate, beta_1: float, beta_2: float, epsilon: float,
+def keras_adam(learning_rate, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                weight_decay: float | None = None) -> optax.GradientTransformation:
-    """Keras's Adam (AdamW with `weight_decay`) as an optax transformation, in Keras's float32 arithmetic."""
+    """Keras's Adam (AdamW with `weight_decay`) as an optax transformation, in Keras's float32 arithmetic; the
+    defaults are `keras.optimizers.Adam`'s."""
 
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)

@@ -33,7 +33,7 @@ from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs,
                                take)
 from keras_side.spec import SpecError, TrainConfig, check_data, data_parallel_config, training_loss
 from native import preflight
-from native.jax import loop, optim
+from native.jax import convolution, loop, optim
 
 # jax.distributed's coordinator waits this long for every process to join; a process that dies later is seen by
 # the launcher (it ends), one that hangs is not: a gloo collective in jax 0.10.2 waits for it forever. So the
@@ -66,15 +66,16 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) ->
     optimizer, loss_fn = optim.build(cfg), training_loss(cfg)
     step = loop.make_step(model, loss_fn, optimizer)
     state = jax.tree.map(lambda a: put(a, replicated), loop.init_state(model, optimizer))
-    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
-        for rows in batch_slices(data.n_train, cfg.batch_size):
-            idx = order[rows]
-            sharding = by_rows if len(idx) % len(devices) == 0 else replicated
-            batch = jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(data.x_train, idx)),
-                                                              keras_inputs(take(data.y_train, idx))))
-            state, _ = step(state, batch)
-            if on_step:
-                on_step(state)
+    with convolution.as_matmuls():  # the step traced inside: a 1-D convolution as a matmul, as the fast paths do
+        for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
+            for rows in batch_slices(data.n_train, cfg.batch_size):
+                idx = order[rows]
+                sharding = by_rows if len(idx) % len(devices) == 0 else replicated
+                batch = jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(data.x_train, idx)),
+                                                                  keras_inputs(take(data.y_train, idx))))
+                state, _ = step(state, batch)
+                if on_step:
+                    on_step(state)
     local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), state)  # this process's replica
     loop.write_back(model, local)
     return model.get_weights()

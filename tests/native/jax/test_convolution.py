@@ -1,4 +1,4 @@
-"""native.jax.convolution: Keras's 1-D convolution as a matmul over the input's patches, what the JAX loop runs."""
+"""native.jax.convolution: Keras's 1-D convolution as a matmul over the input's patches, what the JAX fast paths run."""
 import contextvars
 import itertools
 import threading
@@ -15,7 +15,9 @@ from keras_side import models
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
 from native.jax import convolution
+from native.jax import fast as jax_fast
 from native.jax import loop as jax_loop
+from native.jax import scan as jax_scan
 from tests.native.loops import flat
 from tests.native.many_seeds import zoo_data
 
@@ -112,20 +114,26 @@ def test_as_matmuls_gives_keras_its_convolution_back_after_an_error_and_keeps_it
     assert keras_jax_nn.conv is KERAS_CONV
 
 
-def test_every_verb_of_the_loop_computes_a_conv1d_through_the_matmul(panel, calls):
+def test_every_verb_of_the_fast_paths_computes_a_conv1d_through_the_matmul_and_the_loops_do_not(panel, calls):
     data = zoo_data(panel, "conv1d")
     cfg = TrainConfig(epochs=2, validate=False)
     found = {}
-    for driver in ("loop", "scan"):
+    for name, module in (("fast", jax_fast), ("scan", jax_scan)):
         seed_everything(0)
         calls.clear()
-        found[driver] = jax_loop.train(model := models.conv1d(), data, cfg, driver=driver)
-        assert calls, driver  # traced through conv1d_as_matmul
-    np.testing.assert_allclose(flat(found["scan"].weights), flat(found["loop"].weights), atol=SCAN_VS_LOOP_ATOL,
+        found[name] = module.train(model := models.conv1d(), data, cfg)
+        assert calls, name  # traced through conv1d_as_matmul
+    np.testing.assert_allclose(flat(found["scan"].weights), flat(found["fast"].weights), atol=SCAN_VS_LOOP_ATOL,
                                rtol=0)
-    for verb in (lambda: jax_loop.predict(model, data.x_test), lambda: jax_loop.grad_at(model, data.x_test,
+    for verb in (lambda: jax_fast.predict(model, data.x_test), lambda: jax_fast.grad_at(model, data.x_test,
                                                                                           data.y_test)):
         calls.clear()
         verb()
         assert calls
+    calls.clear()
+    seed_everything(0)
+    jax_loop.train(model := models.conv1d(), data, cfg)  # the reference loop: Keras's own convolution
+    jax_loop.predict(model, data.x_test)
+    jax_loop.grad_at(model, data.x_test, data.y_test)
+    assert not calls
     assert keras_jax_nn.conv is KERAS_CONV

@@ -85,7 +85,7 @@ def test_predict_many_is_each_models_own_forward():
 # The seeds trainer: any zoo model, each seed as the fused scan driver trains it alone.
 import pytest  # noqa: E402
 
-from native.jax import loop  # noqa: E402
+from native.jax import loop, scan  # noqa: E402
 from tests.native.many_seeds import (check_each_seed_trains_as_alone,  # noqa: E402
                                      check_predict_seeds_of_heads_of_different_widths)
 from tests.native import floors as floors_check  # noqa: E402
@@ -93,7 +93,7 @@ from tests.tiers import rows  # noqa: E402
 
 
 def scan_alone(model, data, cfg):
-    return loop.train(model, data, cfg.replace(validate=False), driver="scan")
+    return scan.train(model, data, cfg.replace(validate=False))
 
 
 # make test: the convolution's 3-D inputs stand for the LSTM's.
@@ -127,7 +127,7 @@ def test_a_recurrent_dropouts_seed_state_moves_at_each_validation_as_in_the_loop
     trained = jax_many.train_seeds(init.model, data, cfg, start, jax_many.seed_orders(cfg, seeds, data.n_train))
     for i, seed in enumerate(seeds):
         model = alone(build(), start, i)
-        loop.train(model, data, cfg.replace(seed=seed), driver="scan")
+        scan.train(model, data, cfg.replace(seed=seed))
         variables = [*model.trainable_variables, *model.non_trainable_variables]  # the seed state too
         for variable, value in zip(variables, [*trained["trainable"], *trained["non_trainable"]], strict=True):
             np.testing.assert_allclose(np.asarray(value[i]).astype(float),
@@ -161,7 +161,7 @@ def test_the_bench_floors_are_the_loop_without_keras(panel, model, driver):
     from compare.speed import floors
 
     floors_check.check_floor_trains_as_the_loop(panel, model, lambda *a, **k: floors.jax_raw(*a, driver=driver, **k),
-                                                lambda m, d, c: loop.train(m, d, c, driver=driver))
+                                                {"loop": loop.train, "scan": scan.train}[driver])
 
 
 def test_predict_seeds_of_heads_of_different_widths(panel):
