@@ -138,7 +138,7 @@ def check_epochs(cfg: TrainConfig, rows: int) -> None:
 
 # The paths that write checkpoints: the native loops (fit has its own, keras.callbacks.BackupAndRestore).
 CHECKPOINTED = ("torch-native", "torch-native-fast", "torch-native-compile", "torch-native-engine",
-                "torch-native-compile-engine", "jax-native", "tensorflow-native")
+                "torch-native-compile-engine", "jax-native", "jax-native-fast", "tensorflow-native")
 
 
 def train(args: argparse.Namespace) -> int:

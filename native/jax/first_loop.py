@@ -14,6 +14,7 @@ os.environ["KERAS_BACKEND"] = "jax"  # Keras reads it once, at its first import
 
 import keras  # noqa: E402
 import jax  # noqa: E402
+import optax  # noqa: E402
 
 from compare.data import panel, reference, synthetic  # noqa: E402
 from keras_side import models  # noqa: E402
@@ -43,7 +44,7 @@ def main():
             return loss_fn(y_batch, y_pred), updated  # the state a layer moves (BatchNorm, Dropout's seed), new
         (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(trainable)
         updates, opt_state = optimizer.update(grads, opt_state, trainable)
-        return (jax.tree.map(jax.numpy.add, trainable, updates), non_trainable, opt_state), loss
+        return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss
 
     # 5. The epochs: every row once per epoch, in a new order, a batch at a time; the state goes in and comes out
     trainable = [v.value for v in model.trainable_variables]
@@ -58,8 +59,7 @@ def main():
     # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
     for variable, value in zip(model.trainable_variables + model.non_trainable_variables, state[0] + state[1]):
         variable.assign(value)  # the trained state back into the Keras model
-    kernel, bias = model.get_weights()
-    _, slopes = data.scaling.to_original(kernel, bias)
+    _, slopes = data.scaling.to_original(*model.get_weights())  # from the kernel and bias
     ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT, None)
     print("slopes (d1, s5, m22):", slopes.round(3), " OLS:", ols.slopes.round(3))
     return model, data

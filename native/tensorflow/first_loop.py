@@ -54,8 +54,7 @@ def main():
         print(f"epoch {epoch + 1}: last batch's loss {float(loss):.4f}")
 
     # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
-    kernel, bias = model.get_weights()
-    _, slopes = data.scaling.to_original(kernel, bias)
+    _, slopes = data.scaling.to_original(*model.get_weights())  # from the kernel and bias
     ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT, None)
     print("slopes (d1, s5, m22):", slopes.round(3), " OLS:", ols.slopes.round(3))
     return model, data

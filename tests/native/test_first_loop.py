@@ -1,21 +1,27 @@
-"""The first torch loop (`python -m native.torch.first_loop`) ends on the reference loop's weights, to the bit, and
-near OLS's slopes."""
+"""The first loop of this process's engine (`python -m native.<engine>.first_loop`, docs/lesson.md) ends on the
+reference loop's weights, to the bit, and near OLS's slopes. Its shape is checked engine-free:
+tests/compare/test_lesson.py."""
+import importlib
+
 import numpy as np
 
 from compare.referee.tolerances import SLOPE_ATOL
 from keras_side import models
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
-from native.torch import first_loop, loop
+from tests.native.conftest import ENGINE
+from tests.native.loops import loop
+
+first_loop = importlib.import_module(f"native.{ENGINE}.first_loop")
 
 
 def test_the_first_loop_is_the_reference_loop_on_the_har(ols_fit, capsys):
     model, data = first_loop.main()
     printed = capsys.readouterr().out
-    seed_everything(0)
+    seed_everything(first_loop.SEED)
     want = loop.train(models.har(), data, TrainConfig())
     for got, expected in zip(model.get_weights(), want.weights, strict=True):
         np.testing.assert_array_equal(got, expected)
     _, slopes = data.scaling.to_original(*model.get_weights())
     np.testing.assert_allclose(slopes, ols_fit.slopes, atol=SLOPE_ATOL, rtol=0)
-    assert "epoch 40:" in printed and "OLS:" in printed
+    assert f"epoch {first_loop.EPOCHS}:" in printed and "OLS:" in printed
