@@ -43,7 +43,7 @@ from native.torch.launch import torchrun_command
 ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models that data parallelism can train as one process does (docs/distributed.md), on every engine: BatchNorm
 # takes the global batch's moments (synchronized); a seeded Dropout's mask is the global batch's, each rank or replica
-# applying its rows of it (JAX's sharded step; torch's `loop.Draws`; TensorFlow's `mirrored.rows_of_global_batch`). Not
+# applying its rows of it (JAX's sharded step; torch's `compiled.Draws`; TensorFlow's `mirrored.rows_of_global_batch`). Not
 # har_recent: the data-parallel loops take no sample weights.
 MODELS = ("har", "mlp_l2", "bn_mlp", "lstm", "conv1d", "two_horizons", "classifier", "panel", "dropout_mlp")
 # A zoo model's default epochs (the HAR's is the spec's 40). Measured: every check of the LSTM and the Conv1D within

@@ -26,7 +26,7 @@ def test_the_answer_trains_as_fit_does(number, grad_parity_pool):
 
 def test_the_page_names_each_exercises_stage():
     page = (REPO / "docs" / "exercises.md").read_text()
-    named = {int(n): stage for n, stage in re.findall(r"^## Exercise (\d+)\b.*?`loop_parity` names: (\w+)", page,
+    named = {int(n): stage for n, stage in re.findall(r"^## Exercise (\d+)\b.*?`loop_parity`\s+names:\s+(\w+)", page,
                                                        re.M | re.S)}
     assert named == STAGES
 

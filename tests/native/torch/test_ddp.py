@@ -37,7 +37,7 @@ def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProc
 def test_two_processes_end_where_one_ends(har, tmp_path, build):
     """An MLP with L2 regularizers (each process adds the whole penalty: averaged, it counts once), one with
     BatchNorm (its moments all-reduced: `synchronize_batchnorm`; its moving statistics compared too), and one with a
-    seeded Dropout (every rank draws the global batch's mask and takes its rows: `loop.Draws`); in the full tier, one
+    seeded Dropout (every rank draws the global batch's mask and takes its rows: `compiled.Draws`); in the full tier, one
     whose weight constraints bind (each rank applies them after its step). The HAR's Dense
     layers are in all three; `native-loops distributed` runs the HAR itself
     (tests/compare/test_distributed.py)."""
