@@ -146,7 +146,8 @@ def test_readme_example_runs_in_a_project_that_never_heard_of_us(tmp_path):
     from tests.conftest import REPO
 
     page = (REPO / "docs" / "parity.md").read_text()
-    example = re.search(r"```python\n# tests/test_parity.py in your project\n(.*?)```", page, re.S)
+    example = re.search(r"```python\n# run by tests/compare/test_parity.py: tests/test_parity.py in your project\n(.*?)```",
+                        page, re.S)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_parity.py").write_text(example.group(1))  # importable only through pytest's path
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_parity.py"],

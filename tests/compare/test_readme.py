@@ -1,6 +1,6 @@
 """The README's and docs' code: every Python block runs as written, in a fresh process of its engine (a block that
-starts with `# snippet: <engine>`), or is an excerpt (`# excerpt: <file>`), found line for line in that file, so it
-cannot go stale; `# excerpt` alone marks code of yours that the page shows (a test file of your project)."""
+starts with `# snippet: <engine>`), or in the test it names (`# run by tests/...py: ...`, which reads it from the
+page), or is an excerpt (`# excerpt: <file>`), found line for line in that file, so it cannot go stale."""
 import os
 import re
 import subprocess
@@ -30,8 +30,12 @@ def test_every_page_is_linked_from_the_readme():
 
 def test_every_python_block_runs_or_is_an_excerpt():
     unmarked = [(page, code.splitlines()[0]) for page, code in BLOCKS
-                if not code.startswith(("# snippet: ", "# excerpt"))]
+                if not code.startswith(("# snippet: ", "# excerpt: ", "# run by tests/"))]
     assert unmarked == []
+    for page, code in BLOCKS:
+        if code.startswith("# run by "):  # the test it names reads this page
+            test = code.split()[3].rstrip(":")
+            assert page in (REPO / test).read_text(), (page, test)
 
 
 @pytest.mark.parametrize("page, engine, code", SNIPPETS, ids=[f"{p}:{e}:{i}" for i, (p, e, _) in enumerate(SNIPPETS)])
