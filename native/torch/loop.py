@@ -28,8 +28,8 @@ from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim
 
 
-def make_step(model, loss_fn, optimizer, scheduler=None, clip=None):
-    """`step(x, y, sample_weight) -> (loss, outputs)`: one optimizer step on one batch."""
+def make_step(model, loss_fn, optimizer, metrics: EpochMetrics, scheduler=None, clip=None):
+    """`step(x, y, sample_weight) -> loss`: one optimizer step on one batch; the metrics updated on its outputs."""
     params = [p for p in model.parameters() if p.requires_grad]  # not BatchNorm's statistics, not a seed state
     constrained = [(v.value, v.constraint) for v in model.trainable_variables if v.constraint is not None]
 
@@ -44,9 +44,10 @@ def make_step(model, loss_fn, optimizer, scheduler=None, clip=None):
         with torch.no_grad():
             for p, constraint in constrained:
                 p.copy_(constraint(p))  # fit: kernel_constraint=..., applied after every update
+            metrics.update(y, outputs)  # fit: compile(metrics=...), unweighted
         if scheduler:
             scheduler.step()  # fit: the learning-rate schedule counts optimizer steps
-        return loss.detach(), outputs
+        return loss.detach()
 
     return step
 
@@ -87,7 +88,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)  # fit: Keras's own update rule, as a torch.optim.Optimizer
     loss_fn, metrics = training_loss(cfg), EpochMetrics(cfg)
-    step = make_step(model, loss_fn, optimizer, scheduler, clip)
+    step = make_step(model, loss_fn, optimizer, metrics, scheduler, clip)
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", "torch-native", resume=resume) if checkpoint else None
     if saved and saved.saved:
         saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
@@ -103,9 +104,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
         start, total = time.perf_counter(), 0.0
         for rows in batch_slices(data.n_train, cfg.batch_size):  # fit: the short last batch as it comes
             batch = order[rows].to(device)
-            loss, outputs = step(take(x, batch), take(y, batch), None if w is None else w[batch])
+            loss = step(take(x, batch), take(y, batch), None if w is None else w[batch])
             total += loss.item() * len(batch)  # `.item()` waits for the device: fast.py sums on the device
-            metrics.update(take(y, batch), outputs)
             if on_step:
                 on_step(loss)
         curves["loss"].append(total / data.n_train)  # fit: the epoch's loss is the mean over its rows
