@@ -15,7 +15,7 @@ one otherwise: docs/distributed.md). Throughput is training samples per second o
 and the join not counted; compiles counted, in both), measured in this run, never asserted. Every run asks for one
 thread a process or device, as the pool's workers do (torch by `seed_everything`, JAX by its XLA flags, TensorFlow's
 replicas one thread each by `mirrored.use_cpus`), and is pinned, since JAX's flags hold only Eigen and its runtime
-takes a second core where it can (docs/speed.md): process i of a launch on a core of its own, a process of N devices
+takes a second core where it can (docs/dev-notes.md): process i of a launch on a core of its own, a process of N devices
 on N cores, the one-process run on one of them (`launch_cpus`, `keras_side.cores`), so a ratio is one core against
 one a process.
 """

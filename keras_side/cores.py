@@ -5,7 +5,7 @@
 
 Every process of ours asks its engine for one thread (keras_side.determinism.THREADS), and torch and TensorFlow keep
 to it. JAX does not: XLA_ONE_THREAD holds only Eigen, and XLA's CPU runtime takes no thread count (jax-ml/jax#1539),
-while Keras's `fit` on JAX runs its Python beside the step on a second core (docs/speed.md). So whatever is timed
+while Keras's `fit` on JAX runs its Python beside the step on a second core (docs/dev-notes.md). So whatever is timed
 against something else is pinned instead: `native-loops bench` and `walk-forward` pin each timed request of a worker,
 `distributed` pins each process of a launch to a core of its own and the one-process run to one of them. Linux only
 (per-thread affinity over /proc/self/task); elsewhere nothing is pinned and the runs say so.

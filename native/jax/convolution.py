@@ -6,7 +6,7 @@
 
 XLA's CPU convolution is slow, forward and for the kernel's gradient: written as one matmul over the input's patches,
 the zoo's `Conv1D(4, 5)` over 22 days trains twice as fast in the fused scan (`native-loops bench --models conv1d`,
-alternating runs before and after: 140 and 151 ms against 75 and 76; docs/speed.md, "The Conv1D as a matmul in JAX";
+alternating runs before and after: 140 and 151 ms against 75 and 76; docs/dev-notes.md, "The Conv1D as a matmul in JAX";
 openxla/xla#34273 is a related report, a convolution 30 times slower than PyTorch's). The patches are what a GEMM-based
 convolution builds ("im2col"): row t holds the `width` input rows that output t reads, each channel of each, so output t
 is that row times the flattened kernel, every filter at once. It is the same products, summed in another order: within

@@ -114,7 +114,7 @@ def _scan_driver(step, evaluate, metrics, state, train_xy, orders, val, cfg, pro
     """Every epoch in one compiled call, timed after the program's first run, which trains nothing (no epoch in it)
     and counts in the compile time, its own seconds in `curves["first_run_seconds"]`: XLA's CPU runtime spends about
     a millisecond the first time it runs a program, whatever the program does, as much as the HAR's whole fused
-    training takes (docs/speed.md, "A program's first run")."""
+    training takes (docs/dev-notes.md, "A program's first run")."""
     orders = jnp.asarray(orders)
     start = time.perf_counter()
     fused = jax.jit(make_fused(step, evaluate, metrics, train_xy, val, cfg)).lower(state, orders, 0).compile()

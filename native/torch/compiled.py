@@ -134,7 +134,7 @@ def compiled_gradient(model, loss_fn, draws: Draws | None = None):
     backward compiled in one graph (`compiled_grad` of a call under Keras's `StatelessScope`, which maps each
     variable to the value given and collects the regularizers' losses; the model called as `fit` calls it, through
     its `__call__`). Compiling the loss alone and calling `backward` on it runs the compiled backward through
-    autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/speed.md). Tested equal to
+    autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/dev-notes.md). Tested equal to
     the eager loop. The variables stay the `nn.Module`'s parameters that the optimizer steps. A step that cannot be
     one graph (a custom layer drawing unseeded random numbers, whose state the scope would not keep) is refused at
     its first batch (`SpecError`): train it with `compile=False`. A variable the objective never reaches gets no

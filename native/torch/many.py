@@ -44,7 +44,7 @@ def _forward(model):
 
 
 # The compiled walk-forward's steps per call of its graph: each call pays the compiled region's wrapper and guards
-# once, whatever it holds. On the AVX2 machine of docs/speed.md (582 models, 40 epochs, one run each, float32 step
+# once, whatever it holds. On the AVX2 machine of docs/dev-notes.md (582 models, 40 epochs, one run each, float32 step
 # counts then): 952 models/s with 1 step a call, 1,440 with 2, 1,783 with 4; but the compile grows with the steps
 # traced (12, 14, 22 s).
 STEPS_PER_CALL = 2
@@ -58,14 +58,14 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     MSE) goes back through autograd and `torch.optim.Adam` (fused) steps. `compile=True` compiles whole steps
     instead (`_compiled_steps`): the gradient (`torch.func.grad`) and torch's Adam in its functional form in one
     graph, `STEPS_PER_CALL` steps a call, the same for every batch (all have the same shape, the last one padded).
-    The same weights as eager (tested); on the AVX2 machine of docs/speed.md twice as fast as the compiled gradient
+    The same weights as eager (tested); on the AVX2 machine of docs/dev-notes.md twice as fast as the compiled gradient
     with the stock `Adam.step` after it (`native-loops walk-forward`: 646 to 1,294 models/s), after a compile of 10
     to 20 s (the first epoch). `epoch_seconds` receives each epoch's wall time."""
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.shape[1] >= 2 ** 24:
         raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
     # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
-    # int64 comparison made into a float mask is emulated: the step's kernel took 9 times as long (docs/speed.md)
+    # int64 comparison made into a float mask is emulated: the step's kernel took 9 times as long (docs/dev-notes.md)
     rows = torch.as_tensor(rows).to(torch.float32)
     params = [torch.as_tensor(p).clone() for p in params]
     forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
