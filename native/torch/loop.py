@@ -97,6 +97,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
     x, y = tensors(data.x_train, device), tensors(data.y_train, device)
     w = None if data.w_train is None else tensors(data.w_train, device)  # fit: sample_weight
+    x_val, y_val = tensors(data.x_val, device), tensors(data.y_val, device)
     epoch_seconds = []
     for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
         if epoch < (saved.start if saved else 0):
@@ -111,8 +112,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
         curves["loss"].append(total / data.n_train)  # fit: the epoch's loss is the mean over its rows
         metrics.close()
         if cfg.validate:
-            curves["val_loss"].append(evaluate(model, loss_fn, tensors(data.x_val, device),
-                                               tensors(data.y_val, device), metrics))
+            curves["val_loss"].append(evaluate(model, loss_fn, x_val, y_val, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if saved:
             saved.save(epoch + 1, model, curves, lambda folder: torch_checkpoint.write(folder, model, optimizer,
