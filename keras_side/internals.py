@@ -15,6 +15,7 @@ import keras
 # them costs no import. Keras exports no getter for its torch device, nor the generator its seeded dropout draws from.
 from keras.src.backend import core as backend_core
 from keras.src.backend import get_autocast_scope  # whether `Layer.__call__` would cast inside a mixed-precision scope
+from keras.src.backend import nn as backend_nn  # keras.ops.conv calls its `conv`: JAX's fast path swaps it for a matmul
 from keras.src.backend import random as backend_random  # keras.random.dropout calls its `dropout`: a launcher swaps it
 from keras.src.backend.common import global_state  # where `keras.utils.set_random_seed` keeps the global seed
 from keras.src.layers.regularization.spatial_dropout import BaseSpatialDropout  # the SpatialDropouts' base: not public
@@ -27,6 +28,7 @@ from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED  # which set_random_see
 
 __all__ = [  # Keras's classes and functions as they are, then ours around an underscore attribute
     "BaseSpatialDropout", "DropoutRNNCell", "LossFunctionWrapper", "squeeze_or_expand_to_same_rank", "backend_random",
+    "backend_nn",
     "global_generator_layers", "all_layers", "sublayers", "has_training_arg", "held_losses", "clear_losses",
     "remat_mode", "keras_mask", "is_keras_class", "seed_generators", "initial_seed", "optimizer_variables",
     "input_layer_name", "is_functional", "has_graph", "run_graph", "keras_operation", "reduction_axes",

@@ -13,7 +13,8 @@ is that row times the flattened kernel, every filter at once. It is the same pro
 `CONV_AS_MATMUL_RTOL` of XLA's convolution, outputs and gradients (tested), not its bits. The patches hold `width`
 copies of the input, as a GEMM-based convolution's do.
 
-`as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, which
+`as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, through
+`keras_side.internals`, which
 `keras.ops.conv` calls, and so `Conv1D`, `Conv2D`, `Conv3D` and a separable convolution's pointwise step; a transposed
 or depthwise convolution has ops of its own) while any block runs: the JAX loop enters it where it calls the model
 (`stateless_call`), so its step is traced with it. It takes a 1-D (rank-3) channels-last float32 convolution of one
@@ -33,10 +34,11 @@ import contextvars
 
 import jax
 import jax.numpy as jnp
-from keras.src.backend import standardize_data_format, standardize_dtype
-from keras.src.backend.jax import nn as keras_jax_nn
+import keras
 
 from keras_side import swap
+from keras_side.internals import backend_nn as keras_jax_nn  # Keras's JAX `conv`, which keras.ops.conv calls
+from keras_side.internals import has_training_arg
 
 _depth = contextvars.ContextVar("as_matmuls_depth", default=0)  # blocks open in this thread's context
 
@@ -74,9 +76,10 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
     Keras's own, which raises its error)."""
     if not (jax.default_backend() == "cpu" and stride and dilation and str(padding).lower() in ("valid", "same")):
         return False
-    if not (len(inputs.shape) == len(kernel.shape) == 3 and standardize_data_format(data_format) == "channels_last"):
+    if not (len(inputs.shape) == len(kernel.shape) == 3
+            and (data_format or keras.config.image_data_format()).lower() == "channels_last"):
         return False
-    if not standardize_dtype(inputs.dtype) == standardize_dtype(kernel.dtype) == "float32":
+    if not keras.backend.standardize_dtype(inputs.dtype) == keras.backend.standardize_dtype(kernel.dtype) == "float32":
         return False
     reach = (kernel.shape[0] - 1) * dilation + 1
     return inputs.shape[-1] == kernel.shape[1] and (padding.lower() == "same" or inputs.shape[1] >= reach)
@@ -86,7 +89,7 @@ def stateless_call(model, *args, **kwargs):
     """Keras's `model.stateless_call`, its 1-D convolutions as matmuls (`as_matmuls`): how every JAX trainer of
     this package calls the model, so that training, gradients and predictions compute a convolution alike. A model
     whose `call` takes no `training` is called without it, as Keras's JAX trainer calls it (it was a TypeError)."""
-    if not model._call_has_training_arg:
+    if not has_training_arg(model):
         kwargs.pop("training", None)
     with as_matmuls():
         return model.stateless_call(*args, **kwargs)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from keras_side.spec import as_fit_shapes
+from native.jax.loop import training_flag
 
 
 def panel_loss_and_grad(model):
@@ -15,7 +16,7 @@ def panel_loss_and_grad(model):
     The model runs in inference mode with its non-trainable values (BatchNorm's moving statistics) as they are when
     this is called: baked into the program, which a later change to them does not reach (make it again)."""
     non_trainable = [v.value for v in model.non_trainable_variables]
-    flag = {"training": False} if model._call_has_training_arg else {}  # a `call` without it: as Keras's trainer
+    flag = training_flag(model, False)  # a `call` without `training` is called without it, as Keras's trainer
 
     def asset_mse(trainable, x, y):
         pred, _ = model.stateless_call(trainable, non_trainable, x, **flag)

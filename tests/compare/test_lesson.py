@@ -56,6 +56,24 @@ def test_a_loop_uses_public_api_only(engine, name):
     assert not imported & FAST_MODULES and not {m.rsplit(".", 1)[-1] for m in modules} & FAST_MODULES
 
 
+def keras_src_imports(text: str) -> list[str]:
+    """The `keras.src` modules a file imports (docstrings and comments may name them)."""
+    tree = ast.parse(text)
+    return [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("keras.src")]\
+        + [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("keras.src")]
+
+
+def test_keras_internals_are_imported_in_one_module_only():
+    """keras_side/internals.py holds every Keras internal with its reason, and its test names the Keras version when
+    one moves; any other module of the package goes through it."""
+    files = [p for package in ("native", "compare", "keras_side") for p in (REPO / package).rglob("*.py")]
+    found = {str(p.relative_to(REPO)): keras_src_imports(p.read_text()) for p in files}
+    assert found["keras_side/internals.py"]
+    assert {f: m for f, m in found.items() if m and f != "keras_side/internals.py"} == {}
+    assert keras_src_imports("import keras.src.ops\nfrom keras.src.backend import nn\n") == [
+        "keras.src.backend", "keras.src.ops"]
+
+
 def test_the_check_for_private_api_finds_it():
     assert PRIVATE.search("from keras.src.models import functional") and PRIVATE.search("layer._losses")
     assert not PRIVATE.search("model.__class__ and keras.layers.Dense")

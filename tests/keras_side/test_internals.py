@@ -17,7 +17,7 @@ def moved(what: str) -> str:
 
 
 # (module, name) of each `keras.src` import in internals.py
-IMPORTS = [("keras.src.backend", "core"), ("keras.src.backend", "get_autocast_scope"), ("keras.src.backend", "random"),
+IMPORTS = [("keras.src.backend", "core"), ("keras.src.backend", "nn"), ("keras.src.backend", "get_autocast_scope"), ("keras.src.backend", "random"),
            ("keras.src.backend.common", "global_state"),
            ("keras.src.layers.regularization.spatial_dropout", "BaseSpatialDropout"),
            ("keras.src.layers.rnn.dropout_rnn_cell", "DropoutRNNCell"), ("keras.src.losses", "LossFunctionWrapper"),
@@ -38,6 +38,7 @@ def test_each_keras_src_import_is_there(module, name):
 def test_the_engines_own_keras_modules():
     assert internals.backend_random.__name__ == f"keras.src.backend.{ENGINE}.random", moved("keras.src.backend.random")
     assert internals.backend_core.__name__ == f"keras.src.backend.{ENGINE}.core", moved("keras.src.backend.core")
+    assert internals.backend_nn.__name__ == f"keras.src.backend.{ENGINE}.nn", moved("keras.src.backend.nn")
     if ENGINE == "torch":  # the torch fast path's device and Dropout generator
         import torch
 
@@ -58,6 +59,16 @@ def test_keras_random_dropout_calls_the_backend_modules_dropout(monkeypatch):
     monkeypatch.setattr(internals.backend_random, "dropout", lambda *a, **k: called.append(1) or own(*a, **k))
     keras.random.dropout(keras.ops.ones((2, 3)), 0.5, seed=1)
     assert called, moved("keras.random.dropout's call of keras.src.backend.random.dropout")
+
+
+def test_keras_ops_conv_calls_the_backend_modules_conv(monkeypatch):
+    """JAX's fast path (native/jax/convolution.py) swaps `backend_nn.conv`: `keras.ops.conv` must look it up per call,
+    with Keras's argument order (inputs, kernel, strides, padding, data_format, dilation_rate)."""
+    called = []
+    own = internals.backend_nn.conv
+    monkeypatch.setattr(internals.backend_nn, "conv", lambda *a, **k: called.append(len(a) + len(k)) or own(*a, **k))
+    keras.ops.conv(keras.ops.ones((1, 5, 2)), keras.ops.ones((3, 2, 4)))
+    assert called == [6], moved("keras.ops.conv's call of keras.src.backend.nn.conv")
 
 
 def test_recurrent_and_spatial_dropout_classes():
