@@ -20,12 +20,10 @@ from compare.data import panel as har_data
 from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError
 from compare.referee.tolerances import SAME_ARITHMETIC_EPOCHS
-from keras_side.backend import BackendError
-from keras_side.spec import SpecError
-from native.checkpoint import CheckpointError
-from keras_side.config import ENGINES
-from keras_side.spec import TrainConfig
+from keras_side.backend import ENGINES, BackendError
+from keras_side.spec import SpecError, TrainConfig
 from keras_side.zoo import ZOO
+from native.checkpoint import CheckpointError
 
 
 def _data_options(p: argparse.ArgumentParser, asset_help: str = f"asset to model (default: {har_data.DEFAULT_ASSET})",

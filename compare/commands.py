@@ -24,8 +24,10 @@ from compare.referee import zoo as zoo_matrix
 from compare.referee import seed_noise
 from compare.errors import NativeLoopsError
 from compare.io import atomic_folder, check_writable, exists, write_json
-from keras_side.backend import keras_defaults, use_backend
-from keras_side.config import ENGINES, HarData, take, versions
+from keras_side.arrays import take
+from keras_side.backend import ENGINES, keras_defaults, use_backend
+from keras_side.data import HarData
+from keras_side.results import versions
 from keras_side.spec import SEEDS, TrainConfig
 
 

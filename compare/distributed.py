@@ -36,7 +36,9 @@ from compare.engines import runner
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.backend import engine_environment
-from keras_side.config import HarData, exit_reason, load_trained, trained_cpus, versions, whole_batches
+from keras_side.data import HarData, whole_batches
+from keras_side.process import exit_reason
+from keras_side.results import load_trained, trained_cpus, versions
 from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 from native.torch.launch import torchrun_command
 

@@ -11,21 +11,17 @@ from pathlib import Path
 import numpy as np
 
 from compare.errors import NativeLoopsError
-from keras_side.config import finite_or_null
+from keras_side import files
+from keras_side.files import finite_or_null
 
 
 @contextmanager
 def atomic_file(path: str | Path):
-    """Yield a temporary path beside `path`; move it into place only if the block succeeds."""
-    path = Path(path)
-    tmp = _temp_beside(path)
-    try:
+    """`keras_side.files.atomic_file` (a temporary path beside `path`, moved onto it only if the block succeeds),
+    with a path that cannot be written as one line naming the problem and the fix, before the block runs."""
+    check_writable(path)
+    with files.atomic_file(path) as tmp:
         yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def exists(path: str | Path, option: str) -> bool:
@@ -61,7 +57,7 @@ def _temp_beside(path: Path) -> Path:
 
 
 def write_json(path: str | Path, obj) -> None:
-    """`obj` as standard JSON: a number that is not finite is written as null (`keras_side.config.finite_or_null`)."""
+    """`obj` as standard JSON: a number that is not finite is written as null (`keras_side.files.finite_or_null`)."""
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(finite_or_null(obj), indent=2, allow_nan=False) + "\n")
 

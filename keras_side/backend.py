@@ -13,8 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_side.config import ENGINES
-
+ENGINES = ("torch", "jax", "tensorflow")
 KERAS_DEFAULT_BACKEND = "tensorflow"
 
 

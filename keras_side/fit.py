@@ -9,11 +9,15 @@ import time
 
 import keras
 
-from keras_side.config import (HarData, Result, batch_slices, compile_apart, keras_inputs, numpy_orders,
-                               output_arrays, take)
+from keras_side.arrays import keras_inputs, output_arrays, take
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.losses import keras_loss, training_loss
+from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built
-from keras_side.spec import (SpecError, TrainConfig, check_data, keras_loss, keras_metrics, keras_optimizer,
-                             training_loss)
+from keras_side.optimizers import keras_optimizer
+from keras_side.results import Result, compile_apart
+from keras_side.spec import SpecError, TrainConfig
 
 VALIDATION_BATCH = 8192
 

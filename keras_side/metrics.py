@@ -6,7 +6,7 @@ pure step instead (`native/jax/loop.py`).
 """
 from __future__ import annotations
 
-from keras_side.spec import TrainConfig, keras_metrics
+from keras_side.spec import METRICS, TrainConfig
 
 
 class EpochMetrics:
@@ -29,3 +29,12 @@ class EpochMetrics:
         for metric in self.metrics:
             self.history.setdefault(prefix + metric.name, []).append(float(metric.result()))
             metric.reset_state()
+
+
+def keras_metrics(cfg: TrainConfig) -> list:
+    """Fresh `keras.metrics` objects, one per name: what `fit` compiles with, and what each loop accumulates. A
+    metric accumulates over the epoch's samples (an accuracy is the share of right answers, not a mean of batch
+    accuracies) and is reset at each epoch."""
+    import keras
+
+    return [getattr(keras.metrics, METRICS[name])(name=name) for name in cfg.metrics]

@@ -5,12 +5,15 @@ written three ways (Sequential, Functional, subclassing) to show they are the sa
 """
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import layers
 
 from keras_side import internals
-from keras_side.config import SEQUENCE_DAYS, keras_inputs, take
+from keras_side.arrays import keras_inputs, take
+from keras_side.data import SEQUENCE_DAYS
 from keras_side.spec import SpecError
 
 HAR_INPUTS = 3
@@ -273,3 +276,16 @@ def layer_table(model: keras.Model) -> list[tuple[str, str, str, int]]:
             shape = "?"
         rows.append((layer.name, type(layer).__name__, shape, layer.count_params()))
     return rows
+
+
+@contextlib.contextmanager
+def state_kept(model):
+    """The model's non-trainable variables (BatchNorm's moving statistics, a random layer's seed state) as they were
+    before the block: a verb's call with `training=True` moves them on torch and TensorFlow, where JAX's
+    `stateless_call` returns the new values apart."""
+    kept = [v.numpy().copy() for v in model.non_trainable_variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(model.non_trainable_variables, kept):
+            variable.assign(value)

@@ -11,7 +11,6 @@ silent approximation. The dataclass imports no engine; the `keras_*` builders im
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -353,260 +352,37 @@ def resolve(spec: str):
         raise SpecError(f"{spec!r}: module {module!r} has no {name!r}; give module:function") from None
 
 
-def keras_schedule(cfg: TrainConfig):
-    """The Keras `LearningRateSchedule` of the spec, or the constant learning rate."""
-    from keras.optimizers import schedules
-
-    if cfg.schedule == "exponential":
-        return schedules.ExponentialDecay(cfg.learning_rate, cfg.decay_steps, cfg.decay_rate)
-    if cfg.schedule == "cosine":
-        return schedules.CosineDecay(cfg.learning_rate, cfg.decay_steps, alpha=cfg.alpha,
-                                     warmup_target=cfg.warmup_target, warmup_steps=cfg.warmup_steps)
-    if cfg.schedule == "piecewise":
-        return schedules.PiecewiseConstantDecay(list(cfg.boundaries), list(cfg.values))
-    return cfg.learning_rate
 
 
-def keras_optimizer(cfg: TrainConfig):
-    """The `keras.optimizers` object `fit` compiles with (and the TensorFlow loop applies)."""
-    import keras
-
-    options = {"learning_rate": keras_schedule(cfg), "clipnorm": cfg.clipnorm, "global_clipnorm": cfg.global_clipnorm,
-               "clipvalue": cfg.clipvalue}
-    by_name = {
-        "adam": dict(beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon),
-        "adamw": dict(beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon, weight_decay=cfg.decay),
-        "sgd": dict(momentum=cfg.momentum, nesterov=cfg.nesterov),
-        "rmsprop": dict(rho=cfg.rho, momentum=cfg.momentum, epsilon=cfg.epsilon),
-        "adagrad": dict(initial_accumulator_value=cfg.initial_accumulator_value, epsilon=cfg.epsilon),
-    }
-    optimizer = getattr(keras.optimizers, OPTIMIZERS[cfg.optimizer])
-    return (_densified(optimizer) if cfg.dense_gradients else optimizer)(**options, **by_name[cfg.optimizer])
 
 
-def _densified(optimizer: type) -> type:
-    """The Keras optimizer class, summing each sparse gradient (TensorFlow's `tf.IndexedSlices`) into a dense
-    tensor before its update (`fit` and every path that applies it call `apply`)."""
-    from keras import ops
-
-    from keras_side import internals
-
-    class Densified(optimizer):
-        def apply(self, grads, trainable_variables=None):
-            # Reshaped to its variable's shape, a tf.IndexedSlices becomes a dense tensor with repeated rows summed
-            # (keras.ops has no other densifying op); a dense gradient is unchanged. Without variables, apply()
-            # updates the ones the optimizer was built with (JAX's `stateless_apply` calls it so).
-            variables = internals.optimizer_variables(self) if trainable_variables is None else trainable_variables
-            grads = [g if g is None else ops.reshape(g, v.shape) for g, v in zip(grads, variables, strict=True)]
-            return super().apply(grads, trainable_variables)
-
-    Densified.__name__ = Densified.__qualname__ = optimizer.__name__
-    return Densified
 
 
-def _one_loss(name: str, from_logits: bool):
-    import keras
-
-    if name in LOSSES:
-        options = {"from_logits": from_logits} if name in LOGIT_LOSSES else {}
-        return getattr(keras.losses, LOSSES[name])(**options)
-    from keras_side.internals import LossFunctionWrapper  # what `compile(loss=fn)` wraps a plain function in
-
-    return LossFunctionWrapper(resolve(name), name=name.split(":")[1])
 
 
-def keras_loss(cfg: TrainConfig):
-    """What `compile(loss=...)` takes: the `keras.losses.Loss` object, or a list of them, one per output (with
-    `cfg.loss_weights` as `loss_weights`)."""
-    losses = [_one_loss(name, cfg.from_logits) for name in cfg.losses]
-    return losses if cfg.outputs > 1 else losses[0]
 
 
-def as_fit_shapes(y, pred):
-    """`(y, pred)` as `fit`'s losses see them, output by output: Keras's own `squeeze_or_expand_to_same_rank` (a
-    target one rank short of a prediction whose last axis is 1 gains that axis), so that a loss written for `y` and
-    `pred` of one shape never broadcasts a (n,) target against a (n, 1) prediction into (n, n). A target with
-    another number of rows than the prediction is a ValueError."""
-    from keras_side.internals import squeeze_or_expand_to_same_rank
-
-    if isinstance(pred, (list, tuple)):
-        pairs = [as_fit_shapes(t, p) for t, p in zip(y, pred, strict=True)]
-        return tuple(t for t, _ in pairs), type(pred)(p for _, p in pairs)
-    if y.shape[0] != pred.shape[0]:
-        raise ValueError(f"y has {y.shape[0]} rows and x {pred.shape[0]}; give one target per example")
-    return squeeze_or_expand_to_same_rank(y, pred)
 
 
-@contextlib.contextmanager
-def state_kept(model):
-    """The model's non-trainable variables (BatchNorm's moving statistics, a random layer's seed state) as they were
-    before the block: a verb's call with `training=True` moves them on torch and TensorFlow, where JAX's
-    `stateless_call` returns the new values apart."""
-    kept = [v.numpy().copy() for v in model.non_trainable_variables]
-    try:
-        yield
-    finally:
-        for variable, value in zip(model.non_trainable_variables, kept):
-            variable.assign(value)
 
 
-def verb_loss(loss, mse, y, pred, mean):
-    """`grad_at`'s batch loss: `mean(loss(y, pred))` for a loss of the caller's, which gets the targets and
-    predictions as they are; a loss of the spec's by name (`"mae"`, `"huber"`, a `"module:function"`: `LOSSES`), or
-    else the engine's `mse`, as `compile` takes one loss for several outputs, each output's mean, summed (the
-    default failed on a list of predictions)."""
-    if isinstance(loss, str):  # a name was "'str' object is not callable"
-        mse = keras_loss(TrainConfig(loss=loss))
-    elif loss is not None:
-        return mean(loss(y, pred))
-    if isinstance(pred, (list, tuple)):
-        return sum(mean(mse(t, p)) for t, p in zip(y, pred, strict=True))
-    return mean(mse(y, pred))
 
 
-def training_loss(cfg: TrainConfig):
-    """The loss every path but `fit` calls: `loss(y_true, y_pred, sample_weight=None)` -> the batch mean, with
-    Keras's target shaping. One output: the spec's `keras.losses.Loss` itself, so the loss can never differ from
-    `fit`'s. Several: `OutputLosses`, which combines them as `compile` does."""
-    loss = keras_loss(cfg)
-    return OutputLosses(loss, cfg.loss_weights) if cfg.outputs > 1 else loss
 
 
-class OutputLosses:
-    """Per-output losses and `loss_weights` combined as `compile` combines them (Keras's `CompileLoss`): each loss
-    on its output and target, in float32, times its weight, summed. The same sample weights go to every output."""
-
-    def __init__(self, losses: list, weights: tuple[float, ...] | None = None):
-        self.losses, self.weights = losses, weights
-
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        from keras import ops
-
-        values = []
-        for i, (loss, y_t, y_p) in enumerate(zip(self.losses, y_true, y_pred, strict=True)):
-            value = ops.cast(loss(y_t, y_p, sample_weight), "float32")
-            values.append(value if self.weights is None else ops.multiply(value, self.weights[i]))
-        return sum(values)
 
 
-def check_outputs(cfg: TrainConfig, targets: int) -> None:
-    """A `SpecError` unless the spec's losses fit the data's targets: one loss for one target, one per target for
-    several (a model with several outputs)."""
-    if cfg.outputs != targets:
-        have = f"{targets} targets (one per output)" if targets > 1 else "one target"
-        raise SpecError(f"the data has {have} but the spec gives loss={cfg.loss!r}; give "
-                        + (f"loss as a tuple of {targets} losses" if targets > 1 else "one loss"))
 
 
-def check_data(cfg: TrainConfig, data, model) -> None:
-    """What every path checks before it trains, a `SpecError` naming the fix: one loss per target, one output of the
-    (built) model per target, and class labels its loss can take."""
-    check_outputs(cfg, data.outputs)
-    check_model_inputs(model, data.x_train)
-    check_model_outputs(model, data.outputs)
-    check_labels(cfg, data, model)
-    check_stateless(model)
 
 
-def check_model_inputs(model, x) -> None:
-    """A `SpecError` unless a Sequential or Functional model's declared inputs take `x`: one array per input, each
-    of the width (last axis) its input declares, where it declares one. Keras said it from inside the first call,
-    on torch in 9 lines about the loop's one-row probe. The other axes are not checked: Keras runs an RNN declared
-    for 10 days on 12 (it warns). A subclassed model declares nothing: Keras says it then."""
-    try:
-        inputs = model.inputs
-    except (AttributeError, ValueError):
-        return
-    if not inputs:
-        return
-    arrays = x if isinstance(x, (list, tuple)) else (x,)
-    if len(arrays) != len(inputs):
-        raise SpecError(f"the model has {len(inputs)} input(s) but x holds {len(arrays)} array(s); give one array "
-                        "per input (x as a tuple, in the model's order)")
-    for i, (tensor, array) in enumerate(zip(inputs, arrays)):
-        declared, rows = tuple(tensor.shape[1:]), tuple(getattr(array, "shape", ())[1:])
-        if len(declared) == len(rows) and rows and declared[-1] is not None and declared[-1] != rows[-1]:
-            which = f"x[{i}]" if len(arrays) > 1 else "x"
-            from keras_side.internals import input_layer_name
-
-            name = input_layer_name(tensor)  # its Input layer's name, not the tensor's
-            raise SpecError(f"{which} has rows of shape {rows} but the model's input {name!r} takes "
-                            f"{tuple(declared)}; give data of the model's input shape, or build the model for yours")
 
 
-def check_stateless(model) -> None:
-    """A `SpecError` for a recurrent layer built `stateful=True`: it carries its state from one batch to the next,
-    which takes batches of one fixed size in an order kept from epoch to epoch, where every path here shuffles each
-    epoch and calls the model on other batch sizes (a probe row, a whole split). It failed deep inside Keras (a
-    batch size it did not expect, or torch's in-place error)."""
-    from keras_side.internals import all_layers
-
-    layer = next((layer for layer in all_layers(model, include_self=True) if getattr(layer, "stateful", False)), None)
-    if layer is not None:
-        raise SpecError(f"layer {layer.name!r} is stateful (stateful=True), which carries its state across batches "
-                        "of one fixed size in a fixed order; every path here shuffles each epoch and calls the model "
-                        "on other batch sizes, so build it with stateful=False")
 
 
-def check_model_outputs(model, targets: int) -> None:
-    """A `SpecError` unless a Sequential or Functional model has one output per target (a subclassed model's outputs
-    are not known before it is called: its loss says it then)."""
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):
-        return
-    if outputs is not None and len(outputs) != targets:
-        raise SpecError(f"the model has {len(outputs)} outputs but the data has {targets} target(s); give one target "
-                        "per output (y as a tuple), or a model with one output per target")
 
 
-def check_labels(cfg: TrainConfig, data, model=None) -> None:
-    """A `SpecError` for class labels a sparse categorical loss cannot take: a label that is not a whole number from
-    0, or (given the model) not below its output's width. Keras checks none: torch raises deep in its loss ("Target 5
-    is out of bounds"), and JAX trains on without a word (its one-hot of such a label is zeros), so `fit` itself
-    parted between engines."""
-    import numpy as np
-
-    if "sparse_categorical_crossentropy" not in cfg.losses:
-        return
-    widths = _output_widths(model, data.x_train) if model is not None else None
-    for i, name in enumerate(cfg.losses):
-        if name != "sparse_categorical_crossentropy":
-            continue
-        width = widths[i] if widths and len(widths) == cfg.outputs else None
-        for split in ("train", "val", "test"):
-            y = getattr(data, f"y_{split}")
-            y = np.asarray(y[i] if isinstance(y, tuple) else y)
-            bad = (y < 0) | (y != np.floor(y)) | (y >= width if width is not None else False)
-            if bad.any():
-                which = f"target {i} of the {split} rows" if cfg.outputs > 1 else f"the {split} targets"
-                classes = (f"0 to {width - 1} (the model's {width} outputs)" if width is not None else
-                           "whole numbers from 0")
-                raise SpecError(f"{which} hold the label {y[bad].flat[0]:g}, which sparse_categorical_crossentropy "
-                                f"cannot take: its labels are {classes}; renumber the classes from 0")
 
 
-def _output_widths(model, x) -> list[int] | None:
-    """The last axis of each of the model's outputs, from Keras's symbolic pass over one row (a subclassed model's
-    too, which has no `outputs`); None where Keras cannot run the model so (its labels' range is then unchecked)."""
-    import keras
-
-    from keras_side.config import take
-
-    row = take(x, slice(0, 1))
-    symbolic = [keras.KerasTensor(a.shape, a.dtype.name) for a in row] if isinstance(row, tuple) else \
-        keras.KerasTensor(row.shape, row.dtype.name)
-    try:
-        spec = model.compute_output_spec(symbolic)
-    except Exception:  # any error of the model's own: the training that follows raises it where it belongs
-        return None
-    return [s.shape[-1] for s in (spec if isinstance(spec, (list, tuple)) else [spec])]
 
 
-def keras_metrics(cfg: TrainConfig) -> list:
-    """Fresh `keras.metrics` objects, one per name: what `fit` compiles with, and what each loop accumulates. A
-    metric accumulates over the epoch's samples (an accuracy is the share of right answers, not a mean of batch
-    accuracies) and is reset at each epoch."""
-    import keras
-
-    return [getattr(keras.metrics, METRICS[name])(name=name) for name in cfg.metrics]

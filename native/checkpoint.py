@@ -31,7 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.config import as_tuple, finite_or_null, interrupts_held, versions
+from keras_side.arrays import as_tuple
+from keras_side.files import finite_or_null
+from keras_side.process import interrupts_held
+from keras_side.results import versions
 from keras_side.spec import SpecError, TrainConfig
 
 FORMAT = 1

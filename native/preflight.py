@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.config import HarData
+from keras_side.data import HarData
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 
 WINDOWS = ("x", "y", "rows", "x_next")  # the walk-forward's model inputs (compare.speed.walk_forward)

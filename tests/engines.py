@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from keras_side.config import ENGINES
+from keras_side.backend import ENGINES
 
 
 def require_backend() -> str:

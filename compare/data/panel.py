@@ -19,7 +19,7 @@ import pandas as pd
 
 from compare.data import synthetic
 from compare.errors import HarDataError
-from keras_side.config import SEQUENCE_DAYS, HarData, Scaling
+from keras_side.data import HarData, SEQUENCE_DAYS, Scaling
 
 COLUMNS = ("fecha", "activo", "rendimiento", "rv_5min")
 HAR = ("d1", "s5", "m22")

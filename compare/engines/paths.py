@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from compare.errors import NativeLoopsError
-from keras_side.config import ENGINES
+from keras_side.backend import ENGINES
 
 LOOP_MODULES = {"torch": "native.torch.loop", "jax": "native.jax.loop", "tensorflow": "native.tensorflow.loop"}
 

@@ -23,7 +23,8 @@ import numpy as np
 from compare.data import reference
 from compare.errors import NativeLoopsError
 from keras_side.backend import JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment
-from keras_side.config import HarData, interrupts_held
+from keras_side.data import HarData
+from keras_side.process import interrupts_held
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 

@@ -26,13 +26,16 @@ from compare.io import named
 from compare.speed import floors
 from compare.parity import steps as parity_steps
 from keras_side import cores, fit, models
-from keras_side.config import HarData, Scaling, compile_apart, keras_inputs, loss_units, output_files, save_trained
-from keras_side.spec import TrainConfig, resolve, training_loss
-from keras_side.zoo import ZOO
+from keras_side.arrays import keras_inputs, output_files
+from keras_side.backend import keras_defaults
+from keras_side.data import HarData, Scaling
 from keras_side.determinism import seed_everything
 from keras_side.initial import InitialWeights
-from keras_side.backend import keras_defaults
+from keras_side.losses import training_loss
 from keras_side.precision import float64
+from keras_side.results import compile_apart, loss_units, save_trained
+from keras_side.spec import TrainConfig, resolve
+from keras_side.zoo import ZOO
 
 ENGINE = keras.config.backend()
 WALK_FORWARD_REPEATS = 3  # timed runs of the compiled JAX walk-forward (a fraction of a second each); the median

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from compare.errors import NativeLoopsError
-from keras_side.config import ENGINES, first_nonfinite_row, verb_arrays
+from keras_side.arrays import first_nonfinite_row, verb_arrays
+from keras_side.backend import ENGINES
 from keras_side.precision import TRUE_FLOAT64
 
 if TYPE_CHECKING:

@@ -20,8 +20,7 @@ from compare.referee import tolerances
 from compare.engines import runner
 from compare.parity.common import (ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
                                    loss_spec, mismatches, reference_engine, require_live, table, Workers)
-from keras_side.backend import installed_engines
-from keras_side.config import ENGINES
+from keras_side.backend import ENGINES, installed_engines
 
 
 def _save_inputs(path: Path, xs: list[np.ndarray], y: np.ndarray) -> None:

@@ -15,10 +15,13 @@ from compare.engines import paths
 from compare.io import named
 from compare.parity.common import OWN
 from keras_side import fit, models
-from keras_side.config import HarData, Scaling, batch_slices, first, keras_inputs, numpy_orders, take
+from keras_side.arrays import first, keras_inputs, take
+from keras_side.data import HarData, Scaling, batch_slices, numpy_orders
 from keras_side.determinism import seed_everything
+from keras_side.losses import training_loss
 from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, keras_optimizer, resolve, training_loss
+from keras_side.optimizers import keras_optimizer
+from keras_side.spec import TrainConfig, resolve
 
 CONTRACTS = {  # each engine's terms for a user's step: its arguments, and what it is
     "torch": (("model", "optimizer", "x", "y"), "step(model, optimizer, x, y) -> loss"),

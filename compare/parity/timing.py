@@ -18,8 +18,7 @@ import numpy as np
 
 from compare.engines import runner
 from compare.parity import common, point, training
-from keras_side.backend import installed_engines
-from keras_side.config import ENGINES
+from keras_side.backend import ENGINES, installed_engines
 
 HAR = "keras_side.models:har"
 RNG = np.random.default_rng(0)

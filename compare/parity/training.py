@@ -27,7 +27,7 @@ from compare.engines import runner
 from compare.parity.common import (OWN, ParityError, ask, callable_spec, check_engines, check_tolerances, examples,
                                    require_live, table, worst, Workers)
 from keras_side.backend import installed_engines
-from keras_side.config import batch_slices, numpy_orders
+from keras_side.data import batch_slices, numpy_orders
 from keras_side.spec import SpecError, TrainConfig
 
 PATHS = ("fit", "train-step", "native", "native-engine")  # the three levels of unpacking, and the stock optimizer

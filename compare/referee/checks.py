@@ -20,8 +20,10 @@ from compare.data import reference
 from compare.engines import paths
 from compare.engines.runner import Outcome
 from compare.data.reference import Ols
-from keras_side.config import HarData, Result, output_gap, output_read
+from keras_side.arrays import output_gap, output_read
+from keras_side.data import HarData
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64
+from keras_side.results import Result
 
 
 @dataclass(frozen=True)

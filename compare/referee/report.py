@@ -16,7 +16,8 @@ from rich.table import Table
 from compare.data.reference import Ols
 from compare.speed.bench import ZOO_VARIANTS, floor_row
 from compare.data.synthetic import TrueProcess
-from keras_side.config import HarData, Result, versions
+from keras_side.data import HarData
+from keras_side.results import Result, versions
 from keras_side.spec import TrainConfig
 
 

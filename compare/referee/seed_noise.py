@@ -23,7 +23,7 @@ import numpy as np
 
 from compare.engines import runner
 from compare.referee.checks import Check, within
-from keras_side.config import HarData
+from keras_side.data import HarData
 
 COMPARE_SEEDS = 100  # seeds per engine in `compare` (4,950 pairs each; a second or two per engine)
 PERCENTILE = 99.0  # the share of seed pairs a gap between engines may exceed, at most 1 - 0.99

@@ -26,7 +26,9 @@ import pandas as pd
 from compare.data import panel as har_data
 from compare.engines import runner
 from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
-from keras_side.config import HarData, take, versions
+from keras_side.arrays import take
+from keras_side.data import HarData
+from keras_side.results import versions
 from keras_side.zoo import OPTIMIZERS, ZOO
 
 MODELS = tuple(ZOO)

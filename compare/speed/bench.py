@@ -19,7 +19,8 @@ import numpy as np
 from compare.engines import paths, runner
 from compare.speed import floors
 from keras_side import cores
-from keras_side.config import HarData, batch_slices, numpy_orders, versions
+from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.results import versions
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 

@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from keras_side.config import HarData, batch_slices, take
+from keras_side.arrays import take
+from keras_side.data import HarData, batch_slices
 from keras_side.spec import TrainConfig
 
 STAGES = ("rows", "forward", "loss", "backward", "optimizer")

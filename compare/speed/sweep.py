@@ -17,7 +17,7 @@ import numpy as np
 from compare.engines import runner
 from compare.errors import NativeLoopsError
 from compare.referee.seed_noise import seeds_of
-from keras_side.config import HarData
+from keras_side.data import HarData
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 

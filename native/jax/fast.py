@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_side.config import HarData, Result
+from keras_side.data import HarData
+from keras_side.results import Result
 from keras_side.spec import TrainConfig
 from native.jax import convolution, loop
 

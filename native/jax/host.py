@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from keras_side.spec import as_fit_shapes
+from keras_side.losses import as_fit_shapes
 from native.jax.loop import training_flag
 
 

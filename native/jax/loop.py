@@ -22,11 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from keras_side.arrays import keras_inputs, output_arrays, take, verb_arrays
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import (HarData, Result, batch_slices, keras_inputs, numpy_orders, output_arrays, take,
-                               verb_arrays)
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.losses import as_fit_shapes, training_loss, verb_loss
+from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built, weight_constraints
-from keras_side.spec import TrainConfig, as_fit_shapes, check_data, keras_metrics, training_loss, verb_loss
+from keras_side.results import Result
+from keras_side.spec import TrainConfig
 from native.checkpoint import Checkpoints, fresh_curves
 from native.jax import checkpoint as jax_checkpoint
 from native.jax import optim

@@ -35,10 +35,14 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from keras_side.config import HarData, keras_inputs, output_arrays
+from keras_side.arrays import keras_inputs, output_arrays
+from keras_side.checks import check_data
+from keras_side.data import HarData
 from keras_side.initial import InitialWeights
+from keras_side.losses import training_loss
+from keras_side.metrics import keras_metrics
 from keras_side.models import inference_drawing_layers
-from keras_side.spec import TrainConfig, check_data, keras_metrics, training_loss
+from keras_side.spec import TrainConfig
 from native.jax import convolution, loop, optim, scan
 
 

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from keras_side.spec import SpecError, TrainConfig, keras_schedule
+from keras_side.optimizers import keras_schedule
+from keras_side.spec import SpecError, TrainConfig
 
 
 def build(cfg: TrainConfig, learning_rate=None) -> optax.GradientTransformation:

@@ -19,9 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from keras_side.config import HarData, Result
+from keras_side.checks import check_data
+from keras_side.data import HarData
+from keras_side.losses import training_loss
+from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built
-from keras_side.spec import SpecError, TrainConfig, check_data, keras_metrics, training_loss
+from keras_side.results import Result
+from keras_side.spec import SpecError, TrainConfig
 from native.jax import convolution, loop, optim
 
 

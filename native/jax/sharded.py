@@ -29,9 +29,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side import cores
-from keras_side.config import (HarData, batch_slices, exit_reason, keras_inputs, numpy_orders, save_npz, save_trained,
-                               take)
-from keras_side.spec import SpecError, TrainConfig, check_data, data_parallel_config, training_loss
+from keras_side.arrays import keras_inputs, take
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.files import save_npz
+from keras_side.losses import training_loss
+from keras_side.process import exit_reason
+from keras_side.results import save_trained
+from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native import preflight
 from native.jax import convolution, loop, optim
 

@@ -15,13 +15,16 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from keras_side.arrays import keras_inputs, output_arrays, verb_arrays
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import (HarData, Result, batch_slices, keras_inputs, numpy_orders, output_arrays,
-                               verb_arrays)
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
-from keras_side.models import ensure_built
-from keras_side.spec import (TrainConfig, as_fit_shapes, check_data, keras_optimizer, state_kept, training_loss,
-                              verb_loss)
+from keras_side.models import ensure_built, state_kept
+from keras_side.optimizers import keras_optimizer
+from keras_side.results import Result
+from keras_side.spec import TrainConfig
 from native.checkpoint import Checkpoints, fresh_curves
 from native.tensorflow import checkpoint as tf_checkpoint
 

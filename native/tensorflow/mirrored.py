@@ -43,7 +43,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 
-from keras_side.config import HarData
+from keras_side.data import HarData
 from keras_side.spec import TrainConfig
 from native import preflight  # engine-free, as is everything above
 
@@ -84,9 +84,14 @@ import tensorflow as tf
 from keras_side.internals import backend_random as keras_tf_random  # Keras's TensorFlow random ops (its dropout)
 
 from keras_side import cores, swap
-from keras_side.config import batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.arrays import keras_inputs, take
+from keras_side.checks import check_data
+from keras_side.data import batch_slices, numpy_orders, shard
+from keras_side.losses import keras_loss
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
-from keras_side.spec import SpecError, check_data, keras_loss, keras_optimizer
+from keras_side.optimizers import keras_optimizer
+from keras_side.results import save_trained
+from keras_side.spec import SpecError
 
 
 def use_cpus(replicas: int) -> list[str]:
@@ -152,7 +157,7 @@ def rows_of_global_batch(x):
     while open, Keras's dropout in this replica's thread draws the global batch's mask (the one a process training
     on the whole batch draws, from the same seed state) and applies this replica's rows of it. One all-gather of
     every replica's rows gives its place: the replicas hold contiguous shards of the global batch in replica order
-    (`keras_side.config.shard`; Keras's distributed dataset cuts a batch so too). Outside a strategy of several
+    (`keras_side.data.shard`; Keras's distributed dataset cuts a batch so too). Outside a strategy of several
     replicas, nothing changes. The swap is process-wide while any block is open (`keras_side.swap`), the window this
     thread's; what a `tf.function` traced inside a block computes stays in its graph."""
     context = tf.distribute.get_replica_context()

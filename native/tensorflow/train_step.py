@@ -12,7 +12,9 @@ import keras
 import tensorflow as tf
 
 from keras_side import fit
-from keras_side.config import HarData, Result, first
+from keras_side.arrays import first
+from keras_side.data import HarData
+from keras_side.results import Result
 from keras_side.spec import TrainConfig
 
 

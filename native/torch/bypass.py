@@ -19,7 +19,7 @@ import keras
 import torch
 
 from keras_side import internals
-from keras_side.config import as_tuple, keras_inputs
+from keras_side.arrays import as_tuple, keras_inputs
 
 
 def forward(model, x, training: bool, masks=()):

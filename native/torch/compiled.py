@@ -20,7 +20,7 @@ import torch
 from torch._dynamo.utils import counters  # dynamo's tally of graphs and breaks: torch has no public one
 
 from keras_side import internals
-from keras_side.config import keras_inputs, take
+from keras_side.arrays import keras_inputs, take
 from keras_side.models import drawing_layers
 from keras_side.spec import SpecError
 from native.torch.bypass import as_declared, drops, forward, idle_wrapper, in_order, own_graph

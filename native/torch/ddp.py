@@ -51,9 +51,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from keras_side import cores, internals
-from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, numpy_orders, save_trained, shard, take
+from keras_side.arrays import as_tuple, keras_inputs, take
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders, shard
 from keras_side.models import batchnorm_layers, drawing_layers
-from keras_side.spec import SpecError, TrainConfig, check_data
+from keras_side.results import save_trained
+from keras_side.spec import SpecError, TrainConfig
 from native import preflight
 from native.torch import optim
 from native.torch.launch import torchrun_command

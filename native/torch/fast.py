@@ -21,12 +21,15 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters  # dynamo's tally, which `compiled.one_graph` reads: no public one
 
+from keras_side.arrays import as_tuple, keras_inputs, take, verb_arrays
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import (HarData, Result, as_tuple, batch_slices, compile_apart, keras_inputs, take,
-                               verb_arrays)
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices
+from keras_side.losses import as_fit_shapes, verb_loss
 from keras_side.metrics import EpochMetrics
-from keras_side.models import ensure_built, weight_constraints
-from keras_side.spec import TrainConfig, as_fit_shapes, check_data, state_kept, verb_loss
+from keras_side.models import ensure_built, state_kept, weight_constraints
+from keras_side.results import Result, compile_apart
+from keras_side.spec import TrainConfig
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import compiled, optim

@@ -15,7 +15,7 @@ import copy
 
 import torch
 
-from keras_side.spec import as_fit_shapes
+from keras_side.losses import as_fit_shapes
 
 
 def stable_keys(model):

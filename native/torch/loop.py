@@ -17,12 +17,16 @@ import warnings
 import numpy as np
 import torch
 
+from keras_side.arrays import keras_inputs, take, verb_arrays
 from keras_side.callbacks import EarlyStopping
-from keras_side.config import HarData, Result, batch_slices, keras_inputs, numpy_orders, take, verb_arrays
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices, numpy_orders
 from keras_side.internals import global_generator_layers
+from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
-from keras_side.models import ensure_built
-from keras_side.spec import TrainConfig, as_fit_shapes, check_data, state_kept, training_loss, verb_loss
+from keras_side.models import ensure_built, state_kept
+from keras_side.results import Result
+from keras_side.spec import TrainConfig
 from native.checkpoint import Checkpoints, fresh_curves
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import optim

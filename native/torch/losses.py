@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from keras_side import internals
-from keras_side.spec import TrainConfig, keras_loss, training_loss
+from keras_side.losses import keras_loss, training_loss
+from keras_side.spec import TrainConfig
 
 
 def mse(y_true, y_pred):

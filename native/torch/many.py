@@ -31,8 +31,10 @@ import numpy as np
 import torch
 from torch.optim.adam import adam as functional_adam
 
-from keras_side.config import HarData, as_tuple, batch_slices, keras_inputs, output_arrays, take
-from keras_side.spec import SpecError, TrainConfig, check_data
+from keras_side.arrays import as_tuple, keras_inputs, output_arrays, take
+from keras_side.checks import check_data
+from keras_side.data import HarData, batch_slices
+from keras_side.spec import SpecError, TrainConfig
 from native.torch import compiled, loop, optim
 from native.torch.losses import spec_loss
 

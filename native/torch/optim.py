@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch.optim import lr_scheduler
 
-from keras_side.spec import SpecError, TrainConfig, keras_schedule
+from keras_side.optimizers import keras_schedule
+from keras_side.spec import SpecError, TrainConfig
 
 F32 = torch.float32  # Keras keeps its rate, step count and betas as float32 tensors
 

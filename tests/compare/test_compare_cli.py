@@ -14,7 +14,8 @@ from compare import cli
 from compare.engines import runner
 from compare.errors import NativeLoopsError
 from keras_side.backend import JAX_CACHE_VARIABLE
-from keras_side.config import interrupts_held, load_trained
+from keras_side.process import interrupts_held
+from keras_side.results import load_trained
 from keras_side.spec import TrainConfig
 
 PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]

@@ -241,7 +241,7 @@ def test_a_tuple_of_one_array_is_that_array(har):
 
 def test_save_npz_leaves_nothing_beside_a_path_it_cannot_write(tmp_path):
     """Whole or not at all: a failed rename (here onto a folder) removes the temporary file it wrote first."""
-    from keras_side.config import save_npz
+    from keras_side.files import save_npz
 
     (tmp_path / "taken").mkdir()
     with pytest.raises(OSError):

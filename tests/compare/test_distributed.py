@@ -187,7 +187,7 @@ def test_one_process_against_one_keeps_both_throughputs(tmp_path):
     """--processes 1: the worker's baseline and the launch are two runs, each with its own seconds (both were keyed
     "1", so the launch's overwrote the baseline's and the ratio was 1 whatever was measured)."""
     from compare import distributed
-    from keras_side.config import save_trained
+    from keras_side.results import save_trained
 
     save_trained(tmp_path / "torch-worker.npz", [np.zeros(3, np.float32)], 2.0)
     save_trained(tmp_path / "torch-1.npz", [np.zeros(3, np.float32)], 4.0)
@@ -276,7 +276,7 @@ class _Nudged:
         self.drift, self.live, self.asked = drift, ["torch", "jax"], []
 
     def each(self, cmd, request_for, on_event=None, *, only, fail_engines):
-        from keras_side.config import save_trained
+        from keras_side.results import save_trained
 
         for engine in only:
             request = request_for(engine)
@@ -293,7 +293,7 @@ def test_a_gap_over_the_tolerance_is_told_against_what_rounding_alone_does(tmp_p
     explain the gap. Either way the check fails: a real bug would end as far."""
     from compare import distributed
     from compare.referee import report
-    from keras_side.config import save_trained
+    from keras_side.results import save_trained
 
     def row(name, gap):
         save_trained(tmp_path / f"{name}-worker.npz", [np.zeros(3, np.float32)], 1.0)
@@ -323,7 +323,7 @@ def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
     """The yardstick's run: the same seeded start but one weight one ulp away, so it ends a hair from the plain run
     (the HAR is convex: nowhere near the tolerance), and the plain run is where it was."""
     from compare.engines import runner
-    from keras_side.config import load_trained, trained_record, versions
+    from keras_side.results import load_trained, trained_record, versions
 
     har.save(tmp_path / "data.npz")
     request = {"data": str(tmp_path / "data.npz"), "config": {"epochs": 1, "batch_order": "numpy", "validate": False},

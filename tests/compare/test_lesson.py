@@ -49,11 +49,27 @@ def test_a_loop_uses_public_api_only(engine, name):
     text = source(engine, name)
     private = [line.strip() for line in text.splitlines() if PRIVATE.search(line)]
     attributes = [n.attr for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute) and n.attr[0] == "_"]
-    modules = {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
-    imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in n.names}
     assert private == [] and attributes == []
-    assert not imported & FAST_MODULES and not {m.rsplit(".", 1)[-1] for m in modules} & FAST_MODULES
+    assert not native_modules(text) & FAST_MODULES
+
+
+def native_modules(text: str) -> set[str]:
+    """The modules of `native.<engine>` a file imports, by their last name (`from native.torch import fast`,
+    `from native.torch.fast import train`, `import native.torch.fast`)."""
+    found = set()
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("native."):
+            parts = n.module.split(".")
+            found |= {a.name for a in n.names} if len(parts) == 2 else {parts[2]}
+        elif isinstance(n, ast.Import):
+            found |= {a.name.split(".")[2] for a in n.names if a.name.startswith("native.") and a.name.count(".") >= 2}
+    return found
+
+
+def test_the_check_for_fast_path_imports_finds_them():
+    assert native_modules("from native.torch import fast, optim\nfrom keras_side.losses import verb_loss\n") == {
+        "fast", "optim"}
+    assert native_modules("from native.jax.scan import train\nimport native.torch.bypass\n") == {"scan", "bypass"}
 
 
 def keras_src_imports(text: str) -> list[str]:

@@ -7,8 +7,8 @@ import pytest
 from compare.data import panel as har_data
 from compare.engines import runner
 from compare.parity import ParityError, assert_loop_matches_fit
+from keras_side.arrays import first, take
 from keras_side.backend import installed_engines
-from keras_side.config import first, take
 from keras_side.zoo import ZOO
 from tests.compare import parity_loops, parity_models
 from tests.tiers import rows

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 
 from keras_side import fit, models
-from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
 from tests.conftest import REPO
 from tests.keras_side.conftest import ENGINE
 

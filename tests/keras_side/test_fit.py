@@ -3,9 +3,9 @@ import pytest
 
 from compare.referee import checks
 from keras_side import fit, models
-from keras_side.config import Result
-from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
+from keras_side.results import Result
+from keras_side.spec import TrainConfig
 from tests.keras_side.conftest import ENGINE
 
 
@@ -76,8 +76,10 @@ def test_numpy_batch_order_is_reproducible_without_reseeding(har):
 def test_numpy_batch_order_is_one_fit_call_an_epoch_on_each_permutation(har):
     """#15: `fit` takes the NumPy order as one stream (`fit.NumpyOrder`, one call, one trace); it is the plain way,
     one `fit` call per epoch on that epoch's permutation with `shuffle=False`, to the bit (weights and losses)."""
-    from keras_side.config import loss_units, numpy_orders
-    from keras_side.spec import keras_loss, keras_optimizer
+    from keras_side.data import numpy_orders
+    from keras_side.results import loss_units
+    from keras_side.losses import keras_loss
+    from keras_side.optimizers import keras_optimizer
 
     cfg = TrainConfig(epochs=3, batch_order="numpy")
     seed_everything(0)

@@ -5,8 +5,8 @@ import pytest
 from compare.data import panel as data, reference, synthetic
 from compare.referee.tolerances import LEVERAGE_STD_ERRORS, MODEL_API_ATOL, SLOPE_ATOL, TRUTH_STD_ERRORS
 from keras_side import fit, models
-from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
 
 MLPS = ["mlp_sequential", "mlp_functional", "mlp_subclass"]
 

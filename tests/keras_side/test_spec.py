@@ -100,7 +100,7 @@ def test_a_spec_travels_as_json_and_comes_back_equal():
 
 
 def test_the_losses_must_fit_the_targets():
-    from keras_side.spec import check_outputs
+    from keras_side.checks import check_outputs
 
     check_outputs(TrainConfig(), 1)
     check_outputs(TrainConfig(loss=("mse", "mae")), 2)
@@ -122,7 +122,7 @@ def test_a_builder_the_module_does_not_have_is_one_clear_error():
     for missing, name in (("nomodule:f", "nomodule"), ("keras_side.nomodule:f", "keras_side.nomodule")):
         with pytest.raises(SpecError, match=f"^'{missing}': no module named '{name}' here; give module:function"):
             resolve(missing)  # was ModuleNotFoundError at the first step
-    from keras_side.spec import keras_loss
+    from keras_side.losses import keras_loss
 
     with pytest.raises(SpecError, match="no module named 'nomodule'"):  # a loss so named, as a path builds it
         keras_loss(TrainConfig(loss="nomodule:f"))

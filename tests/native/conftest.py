@@ -1,6 +1,6 @@
 import os
 
-from keras_side.config import ENGINES
+from keras_side.backend import ENGINES
 from tests.engines import require_backend
 
 ENGINE = require_backend()

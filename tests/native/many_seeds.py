@@ -6,7 +6,7 @@ import numpy as np
 
 from compare.data import panel as har_data
 from compare.referee.tolerances import VMAP_VS_ALONE_ATOL
-from keras_side.config import take
+from keras_side.arrays import take
 from keras_side.initial import InitialWeights
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO

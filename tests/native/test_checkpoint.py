@@ -26,7 +26,7 @@ KILL_AT_STEP = 22  # in the middle of the third epoch: two complete epochs are o
 KILLED_RUN = """
 import json, os, signal, sys
 from compare.engines import paths
-from keras_side.config import HarData
+from keras_side.data import HarData
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
 from tests.native.checkpoint_models import stateful_mlp

@@ -7,9 +7,9 @@ from compare.referee import checks
 from compare.data import reference
 from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, HISTORY_ATOL, ZOO_ATOL
 from keras_side import models
-from keras_side.spec import TrainConfig
 from keras_side.determinism import seed_everything
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
+from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
 from tests.native.loops import flat, loop, val_mse
 
@@ -380,7 +380,7 @@ def test_heads_of_different_widths_train_and_predict_as_fit_does(har, tmp_path):
     import keras
 
     from keras_side import fit
-    from keras_side.config import Result
+    from keras_side.results import Result
 
     data = dataclasses.replace(har, **{f"y_{s}": (getattr(har, f"y_{s}"), three_classes(har, getattr(har, f"y_{s}")))
                                        for s in SPLITS})
@@ -611,7 +611,7 @@ def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
     import keras
 
     from keras_side import fit
-    from keras_side.config import HarData, Scaling
+    from keras_side.data import HarData, Scaling
     from keras_side.spec import SpecError
 
     x = np.random.default_rng(0).normal(size=(64, 10, 2)).astype("float32")

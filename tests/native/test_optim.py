@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from compare.referee.tolerances import OPTIMIZER_CONVENTION_MIN, OPTIMIZER_EXACT_ATOL, OPTIMIZER_ROUNDING_ATOL
-from keras_side.spec import TrainConfig, keras_optimizer
+from keras_side.optimizers import keras_optimizer
+from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
 
 STEPS = 40

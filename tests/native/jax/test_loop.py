@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from keras_side import models
-from keras_side.config import batch_slices
-from keras_side.spec import TrainConfig, keras_loss
+from keras_side.data import batch_slices
 from keras_side.determinism import seed_everything
+from keras_side.losses import keras_loss
+from keras_side.spec import TrainConfig
 from native.jax import host as jax_host
 from native.jax import loop as jax_loop
 from native.jax import optim

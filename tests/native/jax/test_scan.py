@@ -7,7 +7,9 @@ import pytest
 from compare.referee.tolerances import SCAN_VS_LOOP_ATOL
 from keras_side import models
 from keras_side.determinism import seed_everything
-from keras_side.spec import SpecError, TrainConfig, keras_loss, keras_metrics
+from keras_side.losses import keras_loss
+from keras_side.metrics import keras_metrics
+from keras_side.spec import SpecError, TrainConfig
 from native.jax import loop as jax_loop
 from native.jax import optim, scan
 from tests.native.loops import flat

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from compare.referee.tolerances import DATA_PARALLEL_ATOL
-from keras_side.config import load_trained, trained_record, versions, whole_batches
-from keras_side.determinism import seed_everything
 from keras_side import fit
+from keras_side.data import whole_batches
+from keras_side.determinism import seed_everything
+from keras_side.results import load_trained, trained_record, versions
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.jax import loop, sharded
 from tests.native import faults

@@ -2,8 +2,10 @@ import numpy as np
 
 from keras_side import models
 from keras_side.determinism import seed_everything
+from keras_side.losses import keras_loss
 from keras_side.metrics import EpochMetrics
-from keras_side.spec import TrainConfig, keras_loss, keras_optimizer
+from keras_side.optimizers import keras_optimizer
+from keras_side.spec import TrainConfig
 from native.tensorflow import loop as tf_loop
 
 

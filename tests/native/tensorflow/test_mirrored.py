@@ -11,8 +11,10 @@ import pytest
 
 from compare.distributed import MODELS
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
-from keras_side.config import load_trained, shard, take, trained_record, versions, whole_batches
+from keras_side.arrays import take
+from keras_side.data import shard, whole_batches
 from keras_side.determinism import seed_everything
+from keras_side.results import load_trained, trained_record, versions
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
 from tests.conftest import REPO
@@ -105,7 +107,7 @@ def two_replicas(data_path: str) -> None:
     import keras
     import tensorflow as tf
 
-    from keras_side.config import HarData
+    from keras_side.data import HarData
 
     def make(kwargs):
         if kwargs == "attention":

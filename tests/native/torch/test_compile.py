@@ -7,8 +7,8 @@ import torch
 
 from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL
 from keras_side import models
-from keras_side.config import compile_apart, compile_in_steps
 from keras_side.determinism import seed_everything
+from keras_side.results import compile_apart, compile_in_steps
 from keras_side.spec import SpecError, TrainConfig
 from native.torch import compiled as torch_compiled
 from native.torch import fast
@@ -125,7 +125,7 @@ def test_the_compiled_step_is_one_graph(panel, name):
     classifier 5, dropout_mlp 5 before its masks were drawn outside: `Draws`), so it compiles once per batch
     shape."""
     from compare.data import panel as har_data
-    from keras_side.config import take
+    from keras_side.arrays import take
     from keras_side.zoo import ZOO
 
     data, entry = har_data.prepare_kind(panel, ZOO[name].data), ZOO[name]

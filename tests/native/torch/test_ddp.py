@@ -9,8 +9,10 @@ import torch
 
 from compare.distributed import MODELS
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, PARITY_ATOL, PARITY_RTOL
-from keras_side.config import keras_inputs, load_trained, shard, take, trained_record, versions
+from keras_side.arrays import keras_inputs, take
+from keras_side.data import shard
 from keras_side.determinism import seed_everything
+from keras_side.results import load_trained, trained_record, versions
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.torch import ddp
 from native.torch import compiled as torch_compiled

@@ -9,7 +9,7 @@ import torch
 
 from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import internals, models
-from keras_side.config import as_tuple
+from keras_side.arrays import as_tuple
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
@@ -155,7 +155,7 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
 def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
     """The loop's MSE, MAE and binary cross-entropy from logits in plain torch (for speed, and one graph under
     torch.compile) against the Keras Loss object `fit` compiles with."""
-    from keras_side.spec import keras_loss
+    from keras_side.losses import keras_loss
 
     rng = np.random.default_rng(0)
     y_true, y_pred = (torch.as_tensor(rng.normal(size=(257, 1)).astype(np.float32)) for _ in range(2))
@@ -176,7 +176,7 @@ def test_losses_written_in_torch_are_keras_losses_to_the_bit(name, logits):
 def test_several_outputs_losses_in_torch_are_compiles_combination_to_the_bit(weights):
     """#15: two_horizons's MSE + 0.5 × MAE in torch against `OutputLosses` (Keras's losses as `compile` combines
     them, itself checked against fit's loss in the zoo), with and without sample weights."""
-    from keras_side.spec import training_loss
+    from keras_side.losses import training_loss
 
     rng = np.random.default_rng(0)
     y_true, y_pred = ([torch.as_tensor(rng.normal(size=(129, 1)).astype(np.float32)) for _ in range(2)]

@@ -1,0 +1,165 @@
+"""The prepared data every path trains on (`HarData`: three splits, standardized, and what maps them back) and the
+batches cut from it: in order, per epoch, and per replica.
+
+Engine-free: nothing here imports Keras or an engine, so the runner builds and reads these before any backend exists.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from keras_side.arrays import as_tuple, first, first_nonfinite_row, take
+from keras_side.files import save_npz
+
+
+SEQUENCE_DAYS = 22  # days of log RV a sequence model reads: the HAR's longest mean, as a sequence
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Training-set statistics: standardized = (original - mean) / std."""
+
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float
+    y_std: float
+
+    def to_original(self, kernel: np.ndarray, bias: float) -> tuple[float, np.ndarray]:
+        """Map a linear model fitted in standardized units back to original units: (intercept, slopes)."""
+        slopes = np.asarray(kernel, np.float64).reshape(-1) * self.y_std / self.x_std
+        intercept = self.y_mean + self.y_std * float(np.asarray(bias).reshape(-1)[0]) - float(slopes @ self.x_mean)
+        return intercept, slopes
+
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class HarData:
+    """Float32 model inputs and targets (standardized with training statistics) plus what maps them back.
+
+    Three splits: `train` (what a model trains on), `val` (its validation curve after every epoch: the year before
+    the split date, carved out of training, or the test split itself when `validation == "test"`) and `test` (the
+    final report). `x_*` is one array, or a tuple of arrays for models with several inputs (panel, leverage); `y_*`
+    one array, or a tuple for models with several outputs (one target per output). `w_train`, when given, weighs
+    each training row in the loss (`fit`'s `sample_weight`).
+    """
+
+    x_train: np.ndarray | tuple[np.ndarray, ...]
+    y_train: np.ndarray | tuple[np.ndarray, ...]
+    x_val: np.ndarray | tuple[np.ndarray, ...]
+    y_val: np.ndarray | tuple[np.ndarray, ...]
+    x_test: np.ndarray | tuple[np.ndarray, ...]
+    y_test: np.ndarray | tuple[np.ndarray, ...]
+    scaling: Scaling
+    features: tuple[str, ...]
+    asset: str
+    source: str
+    w_train: np.ndarray | None = None
+    validation: str = "last-year"
+
+    def __post_init__(self):
+        """A data set every path can train on, or a ValueError naming what is wrong with it: each split's inputs,
+        targets (and training weights) with as many rows, some training rows, no NaN or infinity (a loop would
+        train on fewer rows than given, or return NaN weights, without a word). A tuple of one array is that array,
+        as Keras takes a list of one (a loop read it as several inputs or targets and failed)."""
+        for name in (f"{xy}_{split}" for split in SPLITS for xy in "xy"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) == 1:
+                object.__setattr__(self, name, value[0])
+        for split in SPLITS:
+            named = {f"{xy}_{split}": getattr(self, f"{xy}_{split}") for xy in "xy"}
+            if split == "train" and self.w_train is not None:
+                named["w_train"] = self.w_train
+            arrays = {f"{name}[{i}]" if isinstance(value, tuple) else name: np.asarray(a)
+                      for name, value in named.items() for i, a in enumerate(as_tuple(value))}
+            rows = {name: len(a) if a.ndim else 0 for name, a in arrays.items()}
+            if len(set(rows.values())) > 1:
+                lengths = ", ".join(f"{n}: {r}" for n, r in rows.items())
+                raise ValueError(f"HarData's {split} split has arrays of different lengths ({lengths}); give one row "
+                                 "per example to each")
+            if split == "train" and not max(rows.values()):
+                raise ValueError("HarData has no training rows; give at least one")
+            for name, a in arrays.items():
+                if (row := first_nonfinite_row(a)) is not None:
+                    raise ValueError(f"HarData's {name} holds NaN or inf (first in row {row}); drop or fill those rows")
+
+    def save(self, path: Path) -> None:
+        """One `.npz` that a worker process reloads: the arrays plus the scaling and labels, written whole."""
+        arrays, counts = {}, {}
+        for name in (f"{xy}_{split}" for split in SPLITS for xy in "xy"):
+            value = getattr(self, name)
+            parts = value if isinstance(value, tuple) else (value,)
+            arrays |= {f"{name}_{i}": a for i, a in enumerate(parts)}
+            counts[name] = len(parts) if isinstance(value, tuple) else 0  # 0: one array, not a tuple
+        arrays |= {"x_mean": self.scaling.x_mean, "x_std": self.scaling.x_std}
+        if self.w_train is not None:
+            arrays["w_train"] = self.w_train
+        meta = {"y_mean": self.scaling.y_mean, "y_std": self.scaling.y_std, "features": self.features,
+                "asset": self.asset, "source": self.source, "validation": self.validation, "counts": counts}
+        save_npz(path, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> HarData:
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+            arrays = {name: tuple(z[f"{name}_{i}"] for i in range(count)) if count else z[f"{name}_0"]
+                      for name, count in meta["counts"].items()}
+            scaling = Scaling(z["x_mean"], z["x_std"], meta["y_mean"], meta["y_std"])
+            return cls(**arrays, scaling=scaling, features=tuple(meta["features"]), asset=meta["asset"],
+                       source=meta["source"], w_train=z["w_train"] if "w_train" in z.files else None,
+                       validation=meta["validation"])
+
+    @property
+    def n_train(self) -> int:
+        return len(first(self.y_train))
+
+    @property
+    def n_val(self) -> int:
+        return len(first(self.y_val))
+
+    @property
+    def n_test(self) -> int:
+        return len(first(self.y_test))
+
+    @property
+    def outputs(self) -> int:
+        """How many outputs the targets are for: 1, or the length of the targets' tuple."""
+        return len(self.y_train) if isinstance(self.y_train, tuple) else 1
+
+
+def batch_slices(n: int, batch_size: int) -> list[slice]:
+    """Consecutive batches over n rows; the last one is short when batch_size does not divide n."""
+    return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def whole_batches(data: HarData, batch_size: int, parts: int) -> HarData:
+    """The data cut so that every batch splits evenly over `parts` devices (what Keras's distributed `fit` needs):
+    the training rows to whole batches (a batch size that `parts` divides), the validation and test rows to a
+    multiple of `parts`."""
+    def cut(a, multiple):
+        return take(a, slice(0, len(first(a)) // multiple * multiple))
+
+    return dataclasses.replace(data, x_train=cut(data.x_train, batch_size), y_train=cut(data.y_train, batch_size),
+                               x_val=cut(data.x_val, parts), y_val=cut(data.y_val, parts),
+                               x_test=cut(data.x_test, parts), y_test=cut(data.y_test, parts))
+
+
+def shard(rows: slice, rank: int, world: int) -> slice:
+    """A replica's (or a process's) contiguous part of a global batch's rows; the first ones take one row more when
+    the batch does not split evenly."""
+    size = rows.stop - rows.start
+    share, extra = divmod(size, world)
+    start = rows.start + rank * share + min(rank, extra)
+    return slice(start, start + share + (rank < extra))
+
+
+def numpy_orders(seed: int, n: int, epochs: int) -> np.ndarray:
+    """One NumPy permutation of the n rows per epoch: the batch order shared by every path when
+    `batch_order="numpy"`."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(n) for _ in range(epochs)])
