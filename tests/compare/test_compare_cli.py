@@ -319,9 +319,9 @@ class LandsInTheHook:  # the worst moment for the stop sent again: while the hoo
 
 landed = []
 try:
-    with cli.stop_handlers():
+    with process.stop_handlers():
         if sys.argv[1] == "in-the-hook":
-            cli._swallowed.pending = LandsInTheHook(cli._swallowed.pending)
+            process._swallowed.pending = LandsInTheHook(process._swallowed.pending)
         gc.callbacks.append(callback)
         gc.collect()
         signal.pause()  # only a delivered signal ends this: the dropped stop, sent again
@@ -360,8 +360,8 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_stops_the_run(resent):
 NESTED = DROPS_A_STOP + """
 before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook
 try:
-    with cli.stop_handlers():
-        with cli.stop_handlers():  # inside one already: nothing to do
+    with process.stop_handlers():
+        with process.stop_handlers():  # inside one already: nothing to do
             pass
         gc.callbacks.append(callback)  # and the outer block still sends a dropped stop again
         gc.collect()

@@ -80,11 +80,11 @@ def test_a_process_that_dies_is_named_and_its_output_kept(tmp_path, monkeypatch)
     in the run folder under the name the line gives. The one-process run is the plain HAR."""
     from dataclasses import replace
 
-    from compare import commands
+    from compare import distributed as launch
     from keras_side import zoo
 
     monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:dies_in_the_second_process"))
-    monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
+    monkeypatch.setattr(launch, "run", _without_one_process_faults(launch.run))
     code = cli.main(["distributed", "--engines", ",".join(DYING), "--epochs", "1", "--no-fit", "--out",
                      str(tmp_path / "run")])  # fit's launch is one process: the planted fault never fires there
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
@@ -106,11 +106,11 @@ def test_a_fit_that_fails_in_the_worker_is_named_and_the_native_check_still_runs
     log (its traceback) kept in the run folder, and the native check, on the same worker, still passes."""
     from dataclasses import replace
 
-    from compare import commands
+    from compare import distributed as launch
     from keras_side import zoo
 
     monkeypatch.setitem(zoo.ZOO, "har", replace(zoo.ZOO["har"], build="tests.native.faults:compiled_har"))
-    monkeypatch.setattr(commands.dist, "run", _without_one_process_faults(commands.dist.run))
+    monkeypatch.setattr(launch, "run", _without_one_process_faults(launch.run))
     code = cli.main(["distributed", "--engines", "jax", "--epochs", "1", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "distributed.json").read_text())
     assert code == 3 and list(report["incomplete"]) == ["keras-jax"], report
@@ -347,7 +347,7 @@ def test_the_worker_trains_from_one_ulp_away_when_asked(har, tmp_path):
 def test_a_zoo_models_default_epochs_stop_before_rounding_decides(tmp_path, monkeypatch, args, epochs):
     """The HAR trains the spec's 40 epochs; another zoo model ZOO_EPOCHS unless --epochs says otherwise: over 40 the
     LSTM and the Conv1D amplify rounding past the tolerance (docs/distributed.md)."""
-    from compare import commands
+    from compare import distributed as launch
 
     asked = []
 
@@ -356,7 +356,7 @@ def test_a_zoo_models_default_epochs_stop_before_rounding_decides(tmp_path, monk
         return {"processes": 2, "engines": {}, "incomplete": {"jax": "not run"}, "notes": [], "samples": 0,
                 "config": cfg.to_dict()}
 
-    monkeypatch.setattr(commands.dist, "run", run)
+    monkeypatch.setattr(launch, "run", run)
     assert cli.main(["distributed", "--engines", "jax", *args, "--out", str(tmp_path / "run")]) == 3
     assert asked == [epochs]
 
