@@ -294,7 +294,7 @@ def test_a_stop_signal_stops_the_workers_and_leaves_nothing_behind(tmp_path, arg
 
 DROPS_A_STOP = """
 import gc, os, signal, sys
-from compare import cli
+from compare import process
 
 def callback(phase, info):  # as JAX's _xla_gc_callback: Python drops what a gc callback raises
     if phase == "start" and not fired:
