@@ -289,7 +289,7 @@ def _walk_forward_one(pool: runner.Pool, windows: dict, cfg: TrainConfig, folder
         return None
     np.savez(folder / "windows.npz", **{k: windows[k] for k in ("x", "y", "rows", "x_next")})
     spec, answer = data_parallel_config(_walk_config(cfg)), {}
-    failed = pool.each("walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
+    failed = pool.each("compare.speed.tasks:walk_forward", lambda e: {"windows": str(folder / "windows.npz"), "config": spec.to_dict(),
                                                   "devices": [1], "fit_models": [], "repeats": 1,  # as the launch
                                                   "cpus": cpus},
                        lambda e, event: answer.update(event) if event["event"] == "done" else None, only=["jax"],

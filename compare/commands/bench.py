@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                               model=name, pool=pool)
             timings.setdefault("zoo", {})[name] = timed
             timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
-    report.print_bench(timings, bench.targets(timings))
+    bench.print_bench(timings, bench.targets(timings))
     if args.json:
         write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed, "options": options(args)})
         report.console().print(f"wrote {report.shown(args.json)}")

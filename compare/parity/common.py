@@ -81,7 +81,7 @@ def recording():
         _phases = outer
 
 
-def ask(pool, engines, request_for, build, cmd: str = "parity", what: str = "the model, the loss or the data"):
+def ask(pool, engines, request_for, build, cmd: str = "compare.parity.steps:parity", what: str = "the model, the loss or the data"):
     """Send `cmd` to `engines`; any engine's error (the user's code raised, its worker died or hung) is one
     ParityError naming the engines and why."""
     start, inside = time.perf_counter(), []
@@ -100,8 +100,9 @@ def ask(pool, engines, request_for, build, cmd: str = "parity", what: str = "the
 
 def _phase(cmd: str, request: dict) -> str:
     """What a request does, in a word: describe, grads, forward, float64, draw, train, probe."""
-    if cmd != "parity":
-        return {"trajectory": "draw" if "draw" in request else "train"}.get(cmd, cmd)
+    task = cmd.rsplit(":", 1)[-1]  # a worker's task: "compare.parity.steps:trajectory"
+    if task != "parity":
+        return {"trajectory": "draw" if "draw" in request else "train"}.get(task, task)
     kind = next((k for k in ("describe", "grads", "forward") if k in request), "parity")
     return f"{kind} float64" if request.get("float64") else kind
 

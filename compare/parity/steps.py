@@ -1,10 +1,12 @@
 """Inside an engine's worker: train a model step by step on each requested path (or on your own training step) and
-record every step's weights; probe one step's stages (each layer's output, the loss, the gradient) at given weights.
+record every step's weights; probe one step's stages (each layer's output, the loss, the gradient) at given weights;
+describe a model, or take its gradient or its layers' outputs at given weights (`parity`).
 
 The referee side is `compare.parity.training`; this module imports Keras, so only a worker imports it.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 
@@ -21,6 +23,7 @@ from keras_side.determinism import seed_everything
 from keras_side.losses import training_loss
 from keras_side.models import ensure_built
 from keras_side.optimizers import keras_optimizer
+from keras_side.precision import float64
 from keras_side.spec import TrainConfig, resolve
 
 CONTRACTS = {  # each engine's terms for a user's step: its arguments, and what it is
@@ -287,3 +290,43 @@ def probe(request: dict, send) -> dict:
     np.savez(request["out"], names=np.array(list(outputs)), loss=value, **named("o", outputs.values()),
              **named("g", grads))
     return {}
+
+
+def parity(request: dict, send) -> dict:
+    """Build the user's model here; describe its trainable weights, or, at given weights, take the gradient of its
+    training objective (`grads`) or every layer's output (`forward`)."""
+    build, loss = resolve(request["build"]), _loss(request.get("loss", "mse"))
+    exact = bool(request.get("float64"))
+    with np.load(request["inputs"]) as z:
+        xs = [z[f"x{i}"] for i in range(int(z["n_inputs"]))]
+        y = z["y"]
+    if exact:
+        xs = [a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a for a in xs]
+        y = y.astype(np.float64)
+    x = xs[0] if len(xs) == 1 else tuple(xs)
+    keras.backend.clear_session(free_memory=False)  # fresh layer names, so weights read the same; no gc (~0.2 s)
+    with float64() if exact else contextlib.nullcontext():
+        model = models.ensure_built(build(), x)
+        variables = model.trainable_weights
+        frozen = model.non_trainable_weights  # BatchNorm's statistics, a frozen layer's weights, seed states
+        if "describe" in request:  # the trainable weights' names and shapes, and this engine's non-trainable values
+            np.savez(request["describe"], names=np.array([v.path for v in variables]),
+                     **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)},
+                     **{f"frozen{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(frozen)})
+            return {}
+        with np.load(request["weights"]) as z:
+            for i, v in enumerate(variables):
+                v.assign(z[f"w{i}"].astype(v.dtype))
+            for i, v in enumerate(frozen):  # the reference engine's, so that no engine keeps its own draw
+                v.assign(z[f"frozen{i}"].astype(v.dtype))
+        if "forward" in request:
+            outputs = models.layer_outputs(model, x, training=request["training"])
+            np.savez(request["forward"], names=np.array(list(outputs)), **named("o", outputs.values()))
+            return {}
+        grads = paths.loop(keras.config.backend()).grad_at(model, x, y, loss=loss, training=request["training"])
+    np.savez(request["grads"], **named("g", grads))
+    return {}
+
+
+def _loss(spec: str):
+    return resolve(spec) if ":" in spec else keras.losses.get(spec)

@@ -198,7 +198,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
                      **{f"y{i}": a for i, a in enumerate(ys)})
             common = {"build": build, "inputs": str(tmp / "inputs.npz"), "config": cfg.to_dict()}
             engines = list(runs)
-            ask(pool, engines[:1], lambda e: {**common, "draw": str(tmp / "init.npz")}, build, "trajectory")
+            ask(pool, engines[:1], lambda e: {**common, "draw": str(tmp / "init.npz")}, build, "compare.parity.steps:trajectory")
             with np.load(tmp / "init.npz") as z:
                 names, trainable = [str(s) for s in z["names"]], [bool(t) for t in z["trainable"]]
                 size = sum(z[f"w_{i}"].size for i in range(len(names)))
@@ -211,7 +211,7 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
                                   f"{values:,} values to record, more than {MAX_VALUES:,}: ask for fewer steps")
             ask(pool, engines, lambda e: {**common, "init": str(tmp / "init.npz"), "paths": runs[e], "steps": total,
                                           **(own or {}), "out": str(tmp / f"trajectory-{e}.npz")},
-                build, "trajectory", "the model, the spec, the data or the step")
+                build, "compare.parity.steps:trajectory", "the model, the spec, the data or the step")
             found = [run for e in engines for run in _load(tmp / f"trajectory-{e}.npz", e, runs[e], len(names))]
             parted = [(a, b, k) for a, b in _pairs(found) if (k := first_divergence(a, b, rtol, atol)) is not None]
             if parted:
@@ -288,7 +288,7 @@ def _probes(pool, common, engines, a: Run, k: int, rows, build, tmp: Path) -> di
     batch."""
     np.savez(tmp / "probe-weights.npz", **{f"w_{i}": w[k - 1] for i, w in enumerate(a.weights)})
     request = {**common, "weights": str(tmp / "probe-weights.npz"), "rows": [int(r) for r in rows]}
-    ask(pool, sorted(engines), lambda e: {**request, "out": str(tmp / f"probe-{e}.npz")}, build, "probe",
+    ask(pool, sorted(engines), lambda e: {**request, "out": str(tmp / f"probe-{e}.npz")}, build, "compare.parity.steps:probe",
         "probing the step where the paths part")
     found = {}
     for e in engines:

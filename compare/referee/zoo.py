@@ -80,7 +80,7 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
                "fast": fast}
     start = time.perf_counter()
     with runner.Pool(engines, folder, jobs=1, compile_cache=True) as pool:
-        pool.each("zoo", lambda e: request, on_event)
+        pool.each("compare.referee.zoo:train_cells", lambda e: request, on_event)
     return {"tolerance": ZOO_ATOL, "history_tolerance": HISTORY_ATOL, "epochs": epochs, "rows": rows, "seed": seed,
             "versions": versions(), "seconds": time.perf_counter() - start, "cells": cells,
             "incomplete": dict(pool.failed)}

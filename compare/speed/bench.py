@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rich.table import Table
 
 from compare.engines import paths, runner
+from compare.referee.report import console, shown
 from compare.speed import floors
 from keras_side import cores
 from keras_side.data import HarData, batch_slices, numpy_orders
@@ -130,7 +132,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, repea
                    "cpus": cpu}
         if model:
             request |= {"model": model, "build": ZOO[model].build}
-        pool.each("bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)}, on_event)
+        pool.each("compare.speed.tasks:bench", lambda e: {**request, "paths": zoo_paths(e, model) if model else bench_paths(e)}, on_event)
         failed = {e: pool.failed[e] for e in engines if e in pool.failed}
     steps = cfg.epochs * len(batch_slices(data.n_train, cfg.batch_size))
     if model:
@@ -195,3 +197,66 @@ def targets(report: dict) -> list[tuple[str, float | None, float, bool]]:
                 said = f" (its floor, {row['floor']}: {floor['ratio_vs_fit']:.1f}×)" if floor else ""
                 rows.append((f"{model}: {path} vs fit{said}", row["ratio_vs_fit"], goal, row["ratio_vs_fit"] >= goal))
     return rows
+
+
+def print_bench(timings: dict, targets) -> None:
+    table = Table("path", "median ms", "min ms", "compile ms", "µs/step", "× vs fit", "× vs NumPy",
+                  "÷ its floor", title=f"training time, {timings['steps']} Adam steps, median of "
+                  f"{timings['repeats']} (floors: the same step without Keras)", title_justify="left")
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    for name, row in timings["paths"].items():
+        table.add_row(name, fmt(row["median_ms"], ",.1f"), fmt(row["min_ms"], ",.1f"), fmt(row["compile_ms"], ",.0f"),
+                      fmt(row["us_per_step"], ",.1f"), fmt(row["ratio_vs_fit"], ".1f"),
+                      fmt(row["ratio_vs_numpy"], ".2f"),
+                      "" if row.get("times_floor") is None else f"{row['times_floor']:.1f} ({row['floor']})")
+    console().print(table)
+    pinned = timings.get("cpus", {}).get("numpy")
+    console().print(f"each path alone on CPU {pinned[0]} (every thread of its worker, or the floor's, pinned there)"
+                    if pinned is not None else
+                    "each path alone, not pinned to a core (this system cannot): JAX's runtime may use several")
+    for name, row in timings["paths"].items():
+        if row.get("first_run_ms"):
+            console().print(f"{name}: its program's first run, with no epoch in it, took {row['first_run_ms']:.2f} ms, "
+                            "counted in its compile time (XLA's CPU runtime pays about a millisecond the first time it "
+                            "runs a program)")
+    if timings.get("torch_stages_us"):
+        stages = timings["torch_stages_us"]
+        parts = Table("torch eager step", *stages["keras"], "total µs", title="where the torch step's time goes, µs "
+                      "per step (each stage timed alone)", title_justify="left")
+        for name, row in stages.items():
+            parts.add_row("Keras model" if name == "keras" else "raw tensors", *[f"{v:.1f}" for v in row.values()],
+                          f"{sum(row.values()):.1f}")
+        console().print(parts)
+    if timings.get("zoo"):
+        console().print(_bench_zoo_table(timings["zoo"]))
+    for what, value, goal, met in targets:
+        mark = "[green]✓[/green]" if met else "[red]✗[/red]"
+        unit = "" if "models/s" in what else "×"
+        console().print(f"{mark} {what}: {fmt(value, ',.1f')}{unit} (target ≥ {goal:,g}{unit})")
+    for engine, why in timings["incomplete"].items():
+        console().print(f"[red]incomplete[/red]: {engine}: {shown(why)}")
+
+
+def _bench_zoo_table(zoo: dict) -> Table:
+    """Per zoo model and engine: fit's median, the reference loop's and, a row each, its engine's fast paths'
+    (`ZOO_VARIANTS`), each × fit, and a fast path's floor where the model has one (the same step without
+    Keras: `compare.speed.floors`)."""
+    table = Table("model", "engine", "fit ms", "native ms", "× fit", "fast path", "ms", "× fit", "compile s",
+                  "floor ms", "floor × fit", title="the zoo: the same model through fit and by hand, median of the "
+                  "repeats (floor: the same step without Keras, eager on torch, the fused scan on JAX)",
+                  title_justify="left")
+    fmt = lambda row, key, spec: "" if row is None or row[key] is None else format(row[key], spec)  # noqa: E731
+    for model, timed in zoo.items():
+        for engine in dict.fromkeys(name.split("-")[1] for name in timed["paths"] if name.startswith("keras-")):
+            fit, native = timed["paths"].get(f"keras-{engine}"), timed["paths"].get(f"{engine}-native")
+            fast = [p for p in ZOO_VARIANTS.get(engine, []) if p in timed["paths"]] or [None]
+            for i, path in enumerate(fast):  # the model's fit and reference loop on its first row only
+                row = timed["paths"].get(path)
+                floor = floor_row(timed, row)
+                compile_s = "" if row is None or row["compile_ms"] is None else f"{row['compile_ms'] / 1e3:.1f}"
+                table.add_row(*(("", "", "", "", "") if i else (
+                    model, engine, fmt(fit, "median_ms", ",.1f"), fmt(native, "median_ms", ",.1f"),
+                    fmt(native, "ratio_vs_fit", ".1f"))), path or "", fmt(row, "median_ms", ",.1f"),
+                    fmt(row, "ratio_vs_fit", ".1f"), compile_s, fmt(floor, "median_ms", ",.1f"),
+                    fmt(floor, "ratio_vs_fit", ".1f"))
+    return table

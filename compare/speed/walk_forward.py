@@ -162,7 +162,7 @@ def run(w: Windows, cfg: TrainConfig, folder: Path, *, engines=("jax", "torch"),
         pool.started()  # no worker's start-up shares a timed core
         request = {"windows": str(folder / "windows.npz"), "config": cfg.to_dict(), "devices": counts,
                    "fit_models": picks, "cpus": usable}
-        pool.each("walk_forward", lambda e: request,
+        pool.each("compare.speed.tasks:walk_forward", lambda e: request,
                   lambda e, event: answers.__setitem__(e, event) if event["event"] == "done" else None)
     if pool.failed:
         raise NativeLoopsError("walk-forward worker failed: " + "; ".join(f"{e}: {m}" for e, m in pool.failed.items()))

@@ -122,4 +122,4 @@ def test_an_engine_that_failed_in_a_shared_pool_is_incomplete_for_every_later_mo
 
     pool = Pool()
     result = bench.run(har, TrainConfig(epochs=1), ["torch", "jax"], tmp_path, 1, model="conv1d", pool=pool)
-    assert result["incomplete"] == {"torch": "worker exited (code 1)"} and pool.asked == ["started", "bench"]
+    assert result["incomplete"] == {"torch": "worker exited (code 1)"} and pool.asked == ["started", "compare.speed.tasks:bench"]
