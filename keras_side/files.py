@@ -1,7 +1,9 @@
 """Files written whole or not at all: a reader, or a crash, never sees half of one. The one atomic write of the
-package (`compare.io` puts a command's checks and messages in front of it). Engine-free."""
+package (`compare.io` puts a command's checks and messages in front of it), and the one lock a writer takes on what
+it writes (`Lock`: a checkpoint folder, a run's --out). Engine-free."""
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from contextlib import contextmanager
@@ -42,3 +44,60 @@ def save_npz(path, **arrays) -> None:
     """Arrays to one `.npz` at `path`, whole or not at all (`atomic_file`)."""
     with atomic_file(path) as tmp, open(tmp, "wb") as out:  # a file object: np.savez would add ".npz" to a name
         np.savez(out, **arrays)
+
+
+class Locked(RuntimeError):
+    """Another process, alive, holds the lock; the message names what it writes and its pid."""
+
+
+class Lock:
+    """An exclusive lock on the file `path`, held until `release()` or the end of this process, however it ends: the
+    kernel's `flock`, which goes with its owner, so that no lock outlives a killed run. The file holds its owner's
+    pid: a second writer is told who holds it (`Locked`), and a file left by an owner that is gone without removing
+    it (a SIGKILL) is told apart and taken over (`stale`: that owner's pid).
+
+        lock = Lock(folder / ".lock", f"checkpoint folder {folder}")   # Locked: one line naming the owner
+        ...
+        lock.release()                                                  # the file removed, the lock let go
+    """
+
+    def __init__(self, path, what: str):
+        self.path = Path(path)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _pid_in(fd)
+                os.close(fd)
+                mine = " (this process: a run of it that has not ended)" if owner == os.getpid() else ""
+                raise Locked(f"{what} is being written by another run, pid {owner or 'unknown'}{mine}; wait for it "
+                             "to end, or choose another") from None
+            try:  # the file this locks is still the one at `path`: its last owner may have removed it meanwhile
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        self.stale = _pid_in(fd)  # an owner that released would have removed the file: this one was killed
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        """Remove the file and let the lock go (once; later calls do nothing)."""
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # while still held: nobody else can be between its lock and its check
+        os.close(self.fd)
+        self.fd = None
+
+    def __del__(self):
+        if getattr(self, "fd", None) is not None:
+            self.release()
+
+
+def _pid_in(fd: int) -> int | None:
+    """The pid written in a lock file, or None (an empty file, or not a number)."""
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return int(text) if text.isdigit() else None

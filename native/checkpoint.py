@@ -17,28 +17,35 @@ written as a hidden temporary folder and renamed into place once complete, so a 
 last complete epoch (the older one is renamed out of sight, then removed, once the newer one is in place). The
 batch order of every epoch is a function of the seed and the data, both part of what a resume must match, so a
 resumed run draws the epochs it has left exactly as the uninterrupted run would.
+
+One run writes a folder at a time: `DIR/.lock` (`keras_side.files.Lock`) is taken before anything is read or written
+and let go after the last epoch is saved, or when the process ends, however it ends. A second run on the folder is
+refused in one line naming the first's pid; the lock of a run that was killed is taken over, with a warning.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from keras_side.arrays import as_tuple
-from keras_side.files import finite_or_null
+from keras_side.files import Lock, Locked, finite_or_null
 from keras_side.process import interrupts_held
 from keras_side.results import versions
 from keras_side.spec import SpecError, TrainConfig
 
 FORMAT = 1
 EPOCH = re.compile(r"^epoch-(\d{4,})$")
+LOCK = ".lock"  # in the folder: the pid of the run writing it
 
 
 class CheckpointError(ValueError):
@@ -122,20 +129,61 @@ class Checkpoints:
                             "the checkpoint")
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
-        listed = self.root.iterdir() if self.root.is_dir() else ()
-        squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())
-        if squatters:  # after the first epoch, its folder could not be renamed into place
-            raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an epoch's "
-                                  "folder goes; move it away, or give another folder")
-        found = completed(self.root)
-        self.saved = None
-        if found and not resume:
-            raise CheckpointError(f"{self.root} holds the checkpoints of a run (epoch {found[-1][0]}); pass resume "
-                                  "(--resume) to continue it, or give an empty folder")
-        if found:
-            self.saved = self._read(*found[-1])
-        if self.start < cfg.epochs:  # epochs left to save: a resumed run with none left only reads
-            _check_writable(self.root)
+        self.lock, self.made = None, []
+        self._take_lock()  # before anything is read: a run writing there now is named, never read half-way
+        try:
+            listed = self.root.iterdir() if self.root.is_dir() else ()
+            squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())
+            if squatters:  # after the first epoch, its folder could not be renamed into place
+                raise CheckpointError(f"checkpoint folder {self.root} holds a file named {squatters[0]}, where an "
+                                      "epoch's folder goes; move it away, or give another folder")
+            found = completed(self.root)
+            self.saved = None
+            if found and not resume:
+                raise CheckpointError(f"{self.root} holds the checkpoints of a run (epoch {found[-1][0]}); pass "
+                                      "resume (--resume) to continue it, or give an empty folder")
+            if found:
+                self.saved = self._read(*found[-1])
+            if self.start < cfg.epochs:  # epochs left to save: a resumed run with none left only reads
+                _check_writable(self.root)
+            else:
+                self.release()
+        except BaseException:
+            self.release()
+            raise
+
+    def _take_lock(self) -> None:
+        """The folder's lock (made with the folder, if there is none), or one line naming the run that holds it. A
+        folder that cannot be made is left to `_check_writable`, which says why."""
+        made = []
+        try:
+            if self.root.exists() and not self.root.is_dir():
+                return
+            made = [p for p in (self.root, *self.root.parents) if not p.exists()]  # deepest first
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.lock = Lock(self.root / LOCK, f"checkpoint folder {self.root}")
+        except Locked as err:
+            raise CheckpointError(str(err)) from None
+        except OSError:
+            for folder in made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            return
+        self.made = made
+        if self.lock.stale:
+            warnings.warn(f"checkpoint folder {self.root}: the lock of pid {self.lock.stale}, a run that is gone "
+                          "(killed), is taken over", stacklevel=3)
+
+    def release(self) -> None:
+        """Let the folder's lock go (and remove the folder, if this run made it and saved nothing there): after the
+        last epoch is saved, or on a failure before training. The end of the process lets it go too."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        for folder in self.made:  # deepest first, each only if empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        self.made = []
 
     def _read(self, epoch: int, folder: Path) -> Saved:
         try:
@@ -181,6 +229,7 @@ class Checkpoints:
         try:
             read(self.saved.folder / "engine")
         except Exception as err:  # each engine's reader raises its own kinds: a missing file, a bad one, a mismatch
+            self.release()  # the run ends here
             raise CheckpointError(f"checkpoint {self.saved.folder} is damaged: its engine state cannot be read "
                                   f"({type(err).__name__}); start afresh in an empty folder") from None
 
@@ -201,6 +250,7 @@ class Checkpoints:
             (tmp / "state.json").write_text(json.dumps(finite_or_null(state), indent=1, allow_nan=False))
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            self.release()  # the run ends here: another may take the folder (and resume it)
             why = _disk_failure(err)
             if why:  # a full disk, a folder gone or made read-only: the disk's doing, not the run's
                 kept = [e for e, _ in completed(self.root)]
@@ -216,6 +266,9 @@ class Checkpoints:
                     trash = self.root / f".{folder.name}.old-{os.getpid()}"
                     os.rename(folder, trash)
                     shutil.rmtree(trash, ignore_errors=True)
+        self.made = []  # it holds an epoch now: the folder stays
+        if epoch >= self.cfg.epochs:  # the run's last epoch: another run may take the folder
+            self.release()
         return final
 
 

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from compare.engines import paths
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
-from native.checkpoint import CheckpointError, completed
+from native.checkpoint import LOCK, CheckpointError, completed
 from tests.conftest import REPO
 from tests.native.checkpoint_models import renamed_mlp, stateful_mlp
 from tests.native.conftest import ENGINE
@@ -58,12 +59,90 @@ def test_a_run_killed_mid_epoch_resumes_bit_identically(har, tmp_path):
                            str(folder), str(KILL_AT_STEP), PATH.name], env=env, capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert [epoch for epoch, _ in completed(folder)] == [2]  # the last complete epoch, nothing half-written
-    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
-    resumed = train(har, checkpoint=folder, resume=True)
+    # nothing hidden but the killed run's lock file, its pid in it, which no process holds any more
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == [LOCK]
+    with pytest.warns(UserWarning, match=f"the lock of pid {int((folder / LOCK).read_text())}, a run that is gone"):
+        resumed = train(har, checkpoint=folder, resume=True)
+    assert not (folder / LOCK).exists()  # let go after the last epoch
     for a, b in zip(whole.weights, resumed.weights, strict=True):
         np.testing.assert_array_equal(a, b)  # BatchNorm's statistics too; the Dropout masks drew alike
     assert resumed.train_loss == whole.train_loss and resumed.val_loss == whole.val_loss
     assert [epoch for epoch, _ in completed(folder)] == [CFG.epochs]
+
+
+HELD_RUN = """
+import json, pathlib, sys, time
+from compare.engines import paths
+from keras_side.data import HarData
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
+from tests.native.checkpoint_models import stateful_mlp
+
+data, cfg, folder, signals = HarData.load(sys.argv[1]), TrainConfig(**json.loads(sys.argv[2])), sys.argv[3], \
+    pathlib.Path(sys.argv[4])
+steps = []
+
+def on_step(loss=None):  # at the first step: say the folder is held, and wait to be let go on
+    steps.append(loss)
+    if len(steps) == 1:
+        (signals / "held").touch()
+        while not (signals / "go").exists():
+            time.sleep(0.05)
+
+seed_everything(cfg.seed)
+paths.get(sys.argv[5]).train(stateful_mlp(), data, cfg, checkpoint=folder, on_step=on_step)
+"""
+HANG_GUARD_S = 600  # a bound on waiting for the other run to reach its first step: against a hang, not a speed
+
+
+def test_a_second_run_on_a_checkpoint_folder_is_refused_in_one_line_and_the_first_resumes_bit_identically(
+        har, tmp_path):
+    """Two runs writing one folder deleted each other's temporary epochs (orbax's NOT_FOUND on JAX) and mixed their
+    epochs: the second, by the command line, is refused in one line naming the first's pid; the first's
+    checkpoints stay whole, and resume to the uninterrupted run's weights."""
+    whole = train(har)
+    har.save(tmp_path / "data.npz")
+    folder, signals = tmp_path / "checkpoints", tmp_path / "signals"
+    signals.mkdir()
+    env = {**os.environ, "KERAS_BACKEND": ENGINE, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-c", HELD_RUN, str(tmp_path / "data.npz"),
+                              json.dumps(CFG.replace(epochs=2).to_dict()), str(folder), str(signals), PATH.name],
+                             env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        waited = time.monotonic()
+        while not (signals / "held").exists() and first.poll() is None and time.monotonic() - waited < HANG_GUARD_S:
+            time.sleep(0.05)
+        assert (signals / "held").exists(), first.stderr.read()[-2000:] if first.poll() is not None else "hung"
+        second = subprocess.run([sys.executable, "-m", "compare.cli", "train", "--path", PATH.name, "--epochs", "2",
+                                 "--checkpoint", str(folder)], env=env, capture_output=True, text=True)
+        ours = [line for line in second.stderr.splitlines() if line.startswith("native-loops:")]  # not TF's logs
+        assert second.returncode == 2 and len(ours) == 1 and second.stderr.splitlines()[-1] == ours[0], \
+            second.stderr[-2000:]
+        assert f"checkpoint folder {folder} is being written by another run, pid {first.pid}" in second.stderr
+    finally:
+        (signals / "go").touch()
+        _, err = first.communicate()
+    assert first.returncode == 0, err[-2000:]
+    assert [epoch for epoch, _ in completed(folder)] == [2] and not (folder / LOCK).exists()
+    resumed = train(har, checkpoint=folder, resume=True)
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_folder_lock_names_its_owner_and_goes_with_it(tmp_path):
+    """The lock itself, engine-free: a second taker is refused with the owner's pid; released, the file is gone and
+    the lock free; a file left by a killed owner (a pid in it, no lock held) is taken over and its pid reported."""
+    from keras_side.files import Lock, Locked
+
+    first = Lock(tmp_path / ".lock", "this folder")
+    with pytest.raises(Locked, match=f"this folder is being written by another run, pid {os.getpid()} \\(this "):
+        Lock(tmp_path / ".lock", "this folder")
+    first.release()
+    assert not (tmp_path / ".lock").exists()
+    (tmp_path / ".lock").write_text("4194305\n")  # above Linux's largest pid: no such process
+    taken = Lock(tmp_path / ".lock", "this folder")
+    assert taken.stale == 4194305 and (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+    taken.release()
 
 
 def test_a_run_resumed_where_its_layers_are_named_otherwise_ends_where_it_would_have(har, tmp_path):
