@@ -1,9 +1,11 @@
 """Atomic writes (a reader, or a crash, never sees a half-written file or report folder), and npz keywords."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 
 from compare.errors import NativeLoopsError
 from keras_side import files
-from keras_side.files import finite_or_null
+from keras_side.files import Lock, Locked, finite_or_null
 
 
 @contextmanager
@@ -67,10 +69,11 @@ def atomic_folder(path: str | Path):
     """Yield a temporary folder beside `path`; rename it to `path` only if the block succeeds, so `path` appears
     whole or not at all.
 
-    `path` must not exist, or be an empty folder, so that no earlier run is ever overwritten. A lock file beside it
-    (`.<name>.lock`), taken before anything else, makes a second run given the same --out stop at once. On failure,
-    the parent folders this made are removed again; if the final rename itself fails, the results stay in the
-    temporary folder and the error says where.
+    `path` must not exist, or be an empty folder, so that no earlier run is ever overwritten. A lock beside it
+    (`.<name>.lock`, `keras_side.files.Lock`), taken before anything else, makes a second run given the same --out
+    stop at once, naming the first's pid; the lock of a run that was killed is taken over, and its temporary folder
+    removed, with a line saying so. On failure, the parent folders this made are removed again; if the final rename
+    itself fails, the results stay in the temporary folder and the error says where.
     """
     path = Path(path)
     try:
@@ -83,19 +86,20 @@ def atomic_folder(path: str | Path):
         raise NativeLoopsError(f"--out {str(path)!r}: {str(blocking)!r} is a file, not a folder; choose another path")
     if link:  # the final rename would replace the link, not fill the folder it names
         raise NativeLoopsError(f"--out {str(path)!r} is a symbolic link; give the folder it points to, or a new path")
-    lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # not 0o777, os.open's default
-    except FileExistsError as err:
-        if Path(err.filename) != lock:  # a file where a parent folder should be
-            _remove_empty(made)
-            raise _cannot_create(path, err) from None
-        raise NativeLoopsError(f"--out {str(path)!r} is being written by another run (or one that was killed: "
-                               f"then remove {str(lock)!r}); choose a new one") from None
-    except OSError as err:
+        lock = Lock(path.parent / f".{path.name}.lock", f"--out {str(path)!r}")
+    except Locked as err:
+        raise NativeLoopsError(str(err)) from None
+    except OSError as err:  # a file where a parent folder should be, no permission, a name too long
         _remove_empty(made)
         raise _cannot_create(path, err) from None
+    if lock.stale is not None:  # its temporary folder is no live run's: nobody else holds the lock
+        left = list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+        for folder in left:
+            shutil.rmtree(folder, ignore_errors=True)
+        print(f"native-loops: --out {str(path)!r}: a run that was killed (pid {lock.stale}) left its lock"
+              + (f" and {len(left)} temporary folder(s), removed" if left else "") + "; taken over", file=sys.stderr)
     tmp = None
     try:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -117,7 +121,7 @@ def atomic_folder(path: str | Path):
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        lock.unlink(missing_ok=True)
+        lock.release()
         _remove_empty(made)
 
 

@@ -442,12 +442,39 @@ def test_the_sigterm_handler_is_the_callers_again_after_main(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_stale_lock_is_named_with_its_file(tmp_path, capsys):
-    """A run killed with SIGKILL leaves its lock beside --out: the next run names it and how to clear it."""
-    (tmp_path / ".run.lock").write_text("")
-    assert cli.main(["compare", "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
-    assert "is being written by another run (or one that was killed: then remove" in err and ".run.lock" in err
+def test_a_killed_runs_lock_and_temporary_folder_are_taken_over(tmp_path, capsys):
+    """A run killed with SIGKILL leaves its lock (its pid in it, held by no process) and its temporary folder beside
+    --out: the next run says so, removes them and runs; a lock file without a pid (no owner to name) is taken
+    silently."""
+    from compare.io import atomic_folder
+
+    (tmp_path / ".run.lock").write_text("4194305\n")  # above Linux's largest pid: no such process
+    (tmp_path / ".run.k1ll3d.tmp").mkdir()
+    (tmp_path / ".run.k1ll3d.tmp" / "report.json").write_text("{half")
+    with atomic_folder(tmp_path / "run") as tmp:
+        (tmp / "report.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert "--out '" + str(tmp_path / "run") + "': a run that was killed (pid 4194305) left its lock and 1 temporary " \
+        "folder(s), removed; taken over" in capsys.readouterr().err
+    (tmp_path / ".again.lock").write_text("")
+    with atomic_folder(tmp_path / "again"):
+        pass
+    assert capsys.readouterr().err == "" and not (tmp_path / ".again.lock").exists()
+
+
+def test_a_live_runs_out_is_refused_with_its_pid(tmp_path, capsys):
+    """Another process writing --out (holding its lock): one line naming it and its pid, exit 2, nothing touched."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from keras_side.files import Lock; "
+                               f"lock = Lock({str(tmp_path / '.run.lock')!r}, 'x'); print('held', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert cli.main(["compare", "--out", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err == (f"native-loops: error: --out {str(tmp_path / 'run')!r} is being written by "
+                                           f"another run, pid {holder.pid}; wait for it to end, or choose another\n")
+    finally:
+        holder.communicate("")
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_asset_too_short_for_the_har_is_one_line(panel, tmp_path, capsys):
