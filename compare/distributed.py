@@ -37,7 +37,7 @@ from compare.referee.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.backend import engine_environment
 from keras_side.data import HarData, whole_batches
-from keras_side.process import exit_reason
+from keras_side.process import exit_reason, with_parent
 from keras_side.results import load_trained, trained_cpus, versions
 from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 from native.torch.launch import torchrun_command
@@ -101,7 +101,8 @@ def _run(command: list[str], env: dict, log: Path) -> subprocess.CompletedProces
     process it started before going on: SIGTERM first (torchrun then stops its ranks, which it starts in sessions of
     their own), then SIGKILL to whatever is left in its group (the JAX launcher's processes)."""
     with open(log, "w") as output:  # a file, not a pipe: a chatty launcher never blocks on a full one
-        proc = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(with_parent(command), env=env, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             proc.wait()
         except BaseException:

@@ -1,9 +1,22 @@
-"""How a process ended, and the signals held while a step must not be cut in two. Engine-free."""
+"""How a process ended, the signals held while a step must not be cut in two, and children that end with their
+parent. Engine-free.
+
+    subprocess.Popen(with_parent([sys.executable, "-m", "compare.engines.worker"]))   # ends when this process does
+
+Every process this package starts (an engine's worker, torchrun, a launcher, JAX's processes) is started through
+`with_parent`, and a torchrun rank calls `die_with_parent` itself: a SIGKILL of the command (the OOM killer, a
+scheduler's hard stop) ends them too, at once, rather than leave them training for nobody.
+"""
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal this process gets when the thread that started it ends
 
 
 def exit_reason(code: int) -> str:
@@ -34,3 +47,38 @@ def interrupts_held():
             signal.signal(signum, handler)
         for signum in held:
             signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default
+
+
+def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send this process `signum` when its parent dies, however it dies (SIGKILL too); and
+    exit at once if `parent`, the pid that started it, is gone already (then this process has a new parent, whose
+    death the call would wait for). Elsewhere nothing: macOS has no such call (a worker there still ends at the end
+    of its stdin, when it is waiting for a request)."""
+    if not sys.platform.startswith("linux"):
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + signum)  # as if the signal had come: the parent died before it could be asked for
+
+
+def with_parent(command: list[str], signum: int = signal.SIGKILL) -> list[str]:
+    """`command` run so that it ends with this process: through `python -m keras_side.process`, which asks for
+    `signum` on this process's death (`die_with_parent`) and then becomes `command` (exec: same pid, no process
+    between). The call must come from the thread that lives as long as the child should (the main thread): the
+    kernel watches the thread that started it."""
+    return [sys.executable, "-m", "keras_side.process", str(os.getpid()), str(int(signum)), "--", *command]
+
+
+def _exec_with_parent(argv: list[str]) -> None:
+    """`python -m keras_side.process PARENT SIGNAL -- COMMAND...` (what `with_parent` writes); PARENT "auto": the
+    process that started this one (a torchrun rank's agent, whose pid its caller cannot know)."""
+    parent, signum, separator, *command = argv
+    if separator != "--" or not command:
+        raise SystemExit("usage: python -m keras_side.process PARENT SIGNAL -- COMMAND...")
+    die_with_parent(os.getppid() if parent == "auto" else int(parent), int(signum))
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    _exec_with_parent(sys.argv[1:])

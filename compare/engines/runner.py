@@ -24,7 +24,7 @@ from compare.data import reference
 from compare.errors import NativeLoopsError
 from keras_side.backend import JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment
 from keras_side.data import HarData
-from keras_side.process import interrupts_held
+from keras_side.process import interrupts_held, with_parent
 from keras_side.spec import TrainConfig
 from keras_side.zoo import ZOO
 
@@ -76,11 +76,11 @@ class Worker:
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p and os.path.isdir(p)] +
                                             [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, *WORKER], env=env, text=True,
+            self.proc = subprocess.Popen(with_parent([sys.executable, *WORKER]), env=env, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         self.ready = False  # set by the pool when the worker's "ready" event is taken off its queue
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, self.proc.pid, nice)
+        if nice:  # lower than the caller's own niceness (a niced caller cannot go below its own)
+            os.setpriority(os.PRIO_PROCESS, self.proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
 
     def ask(self, cmd: str, request: dict):
         try:

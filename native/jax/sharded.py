@@ -34,7 +34,7 @@ from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders
 from keras_side.files import save_npz
 from keras_side.losses import training_loss
-from keras_side.process import exit_reason
+from keras_side.process import exit_reason, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native import preflight
@@ -245,8 +245,8 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
         try:
             for i in range(processes):
                 with open(logs / f"{i}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full one
-                    procs.append(subprocess.Popen([sys.executable, "-m", "native.jax.sharded", *common,
-                                                   "--process-id", str(i), "--progress", str(steps[i])],
+                    procs.append(subprocess.Popen(with_parent([sys.executable, "-m", "native.jax.sharded", *common,
+                                                               "--process-id", str(i), "--progress", str(steps[i])]),
                                                   env=env, stdout=log, stderr=log))
             failed, seen, since = None, None, time.monotonic()
             started = since

@@ -55,6 +55,7 @@ from keras_side.arrays import as_tuple, keras_inputs, take
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders, shard
 from keras_side.models import batchnorm_layers, drawing_layers
+from keras_side.process import with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig
 from native import preflight
@@ -206,8 +207,9 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     """Run `processes` ranks on this host with torchrun (a free port: `--standalone`) and wait for them; torchrun
     stops every rank when one fails."""
     env = {**os.environ, "KERAS_BACKEND": "torch", **(env or {})}
-    return subprocess.run(torchrun_command(processes, "--data", str(data), "--config", json.dumps(config), "--build",
-                                           build, "--out", str(out)), env=env, capture_output=True, text=True)
+    return subprocess.run(with_parent(torchrun_command(processes, "--data", str(data), "--config", json.dumps(config),
+                                                       "--build", build, "--out", str(out))),
+                          env=env, capture_output=True, text=True)
 
 
 def main(argv=None) -> int:

@@ -207,7 +207,7 @@ def test_a_walk_forward_that_fails_in_the_worker_is_named(tmp_path):
 
         def each(self, cmd, request_for, on_event=None, *, only, fail_engines):
             request = request_for("jax")
-            assert cmd == "walk_forward" and only == ["jax"] and request["devices"] == [1] and not fail_engines
+            assert cmd == "compare.speed.tasks:walk_forward" and only == ["jax"] and request["devices"] == [1] and not fail_engines
             assert request["repeats"] == 1  # timed as the launch over processes is: one run after the compile
             assert request["config"]["batch_order"] == "numpy" and request["config"]["epochs"] == 3
             return {"jax": "ValueError: boom"}

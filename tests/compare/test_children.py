@@ -1,0 +1,121 @@
+"""No process of ours outlives its parent: a SIGKILL of the command (the OOM killer, a scheduler's hard stop) ends
+the engine workers, the launchers and their processes, and torchrun's ranks with it (`keras_side.process`).
+
+Each child here would wait forever on its own (it sleeps and reads nothing), so only its parent's death can end it:
+a test fails if it is still there after HANG_GUARD_S, a bound against a hang, not a measure of speed (the kernel
+sends the signal as the parent dies)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keras_side.process import with_parent
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+
+HANG_GUARD_S = 120  # waiting for a process to start or to end: against a hang, never a measure of speed
+SLEEPER = "import os, sys, time; open(sys.argv[1] + '/' + str(os.getpid()), 'w').close(); time.sleep(10**6)"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, ended but not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_for(condition) -> bool:
+    start = time.monotonic()
+    while not condition() and time.monotonic() - start < HANG_GUARD_S:
+        time.sleep(0.05)
+    return condition()
+
+
+def sleepers(folder: Path, count: int) -> list[int]:
+    """The pids the sleepers wrote into `folder`, once `count` of them have."""
+    assert wait_for(lambda: len(list(folder.iterdir())) >= count), "the children did not start"
+    return sorted(int(p.name) for p in folder.iterdir())
+
+
+def killed_parent(tmp_path, script: str, count: int, *args: str) -> list[int]:
+    """Run `script` (a parent that starts `count` sleepers writing their pids into a folder, then waits), SIGKILL it
+    once they are up, and return the sleepers' pids."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", script, str(pids), *args], cwd=REPO, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        children = sleepers(pids, count)
+    finally:
+        parent.kill()
+        parent.wait()
+    return children
+
+
+def assert_all_end(children: list[int]) -> None:
+    try:
+        assert wait_for(lambda: not any(alive(pid) for pid in children)), "a child outlived its parent"
+    finally:
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_started_with_its_parent_ends_when_the_parent_is_killed(tmp_path):
+    script = ("import subprocess, sys, time; from keras_side.process import with_parent; "
+              f"subprocess.Popen(with_parent([sys.executable, '-c', {SLEEPER!r}, sys.argv[1]])); time.sleep(10**6)")
+    assert_all_end(killed_parent(tmp_path, script, 1))
+
+
+def test_a_child_whose_parent_is_gone_before_it_asks_ends_at_once(tmp_path):
+    """The kernel's call cannot see a parent that died before it was made: the child checks, and exits."""
+    proc = subprocess.run([sys.executable, "-m", "keras_side.process", "1", str(int(signal.SIGKILL)), "--",
+                           sys.executable, "-c", "print('ran')"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 128 + signal.SIGKILL and proc.stdout == ""
+
+
+def test_the_engine_workers_end_when_the_command_is_killed(tmp_path):
+    script = ("import sys, time; from pathlib import Path; from compare.engines import runner; "
+              f"runner.WORKER = ('-c', {SLEEPER!r}, sys.argv[1]); "
+              "pool = runner.Pool(['torch', 'jax'], Path(sys.argv[1]).parent / 'run'); time.sleep(10**6)")
+    assert_all_end(killed_parent(tmp_path, script, 2))
+
+
+def test_a_launcher_ends_when_the_command_is_killed(tmp_path):
+    """`native-loops distributed` waits on each engine's launcher (torchrun, JAX's, TensorFlow's)."""
+    script = ("import os, sys; from pathlib import Path; from compare import distributed; "
+              f"distributed._run([sys.executable, '-c', {SLEEPER!r}, sys.argv[1]], dict(os.environ), "
+              "Path(sys.argv[1]).parent / 'launch.log')")
+    assert_all_end(killed_parent(tmp_path, script, 1))
+
+
+def test_torchruns_ranks_end_when_torchrun_is_killed(tmp_path):
+    """A rank is torchrun's child, started through `keras_side.process` with its parent found as it starts ("auto"):
+    torchrun killed (its own parent's death sends it SIGKILL, which it cannot pass on), its ranks end too."""
+    from native.torch.launch import torchrun_command
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    command = torchrun_command(2)
+    command = command[:command.index("--") + 1] + [sys.executable, "-c", SLEEPER, str(pids)]
+    torchrun = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        ranks = sleepers(pids, 2)
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+    assert_all_end(ranks)
+
+
+def test_with_parent_runs_the_command_itself(tmp_path):
+    """No process between: the child's pid is the command's, and its exit code is the command's."""
+    proc = subprocess.run(with_parent([sys.executable, "-c", "import os; print(os.getpid()); raise SystemExit(3)"]),
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 3 and proc.stdout.strip().isdigit()
