@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>: the signal this process gets when the thread that started it ends
 
@@ -47,6 +48,16 @@ def interrupts_held():
             signal.signal(signum, handler)
         for signum in held:
             signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process `pid` is stopped (SIGSTOP, a debugger): Linux's /proc says so; elsewhere, or once it is
+    gone, False. A process that hangs in a deadlock or a collective looks as any waiting one does: no runtime can
+    tell it from its peers."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> None:

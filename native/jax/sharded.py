@@ -34,7 +34,7 @@ from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders
 from keras_side.files import save_npz
 from keras_side.losses import training_loss
-from keras_side.process import exit_reason, with_parent
+from keras_side.process import exit_reason, is_stopped, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native import preflight
@@ -260,9 +260,12 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                     quiet = (f"the walk-forward ran past {WALK_FORWARD_TIMEOUT_S} s: a process hangs, or waits in "
                              f"a collective for one that does; stopped all {processes}")
                 elif time.monotonic() - since > limit and not walk_forward:
+                    hung = [i for i, p in enumerate(procs) if is_stopped(p.pid)]  # where the system can tell
+                    which = (f"process {', '.join(map(str, hung))} is stopped (SIGSTOP), and the others wait for it"
+                             if hung else "a process hangs, or waits in a collective for one that does")
                     quiet = (f"no process finished a step for {limit:g} s (steps finished: "
-                             f"{', '.join(f'process {i}: {n}' for i, n in enumerate(now))}): a process hangs, or "
-                             f"waits in a collective for one that does; stopped all {processes}")
+                             f"{', '.join(f'process {i}: {n}' for i, n in enumerate(now))}): {which}; stopped all "
+                             f"{processes}")
                 time.sleep(0.1)  # polling for events (a process ending, a step finishing)
             failed = failed or next((p for p in procs if p.returncode not in (None, 0)), None)
         finally:

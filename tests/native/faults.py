@@ -109,3 +109,17 @@ def processes_naming(path) -> list[str]:
             except OSError:  # ended while we looked
                 pass
     return found
+
+
+class StopsMidRun(DiesMidRun):
+    """The same, except that the second process stops itself (SIGSTOP) at its 5th step, as a hostile user's
+    `kill -STOP` does: the launcher can tell it from the processes that wait for it."""
+
+    def fault(self):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stops_mid_run():
+    return keras.Sequential([keras.Input((3,)), StopsMidRun(name="fault"), keras.layers.Dense(1, name="out")])

@@ -116,6 +116,18 @@ def test_a_process_that_hangs_is_stopped_when_no_step_finishes(har, tmp_path):
     assert faults.processes_naming(tmp_path) == []
 
 
+def test_a_stopped_process_is_named(har, tmp_path):
+    """Process 1 stops itself (SIGSTOP) at its 5th step: the launcher's line names it, where a hang in code (the
+    test above) looks to the system as the processes that wait for it do."""
+    har.save(tmp_path / "data.npz")
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC,
+                            "tests.native.faults:stops_mid_run", env={"NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S": "10"})
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 124 and "process 1 is stopped (SIGSTOP), and the others wait for it" in last, \
+        result.stderr[-3000:]
+    assert faults.processes_naming(tmp_path) == []
+
+
 def test_fit_under_keras_data_parallel_ends_where_one_device_ends(har):
     data = whole_batches(har, SPEC["batch_size"], 2)  # 2,200 training rows: every batch splits over two devices
     seed_everything(0)
