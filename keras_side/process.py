@@ -4,7 +4,7 @@ parent. Engine-free.
     subprocess.Popen(with_parent([sys.executable, "-m", "compare.engines.worker"]))   # ends when this process does
 
 Every process this package starts (an engine's worker, torchrun, a launcher, JAX's processes) is started through
-`with_parent`, and a torchrun rank calls `die_with_parent` itself: a SIGKILL of the command (the OOM killer, a
+`with_parent`, and a torchrun rank calls `die_with_parent` first thing (torchrun starts it, not this package): a SIGKILL of the command (the OOM killer, a
 scheduler's hard stop) ends them too, at once, rather than leave them training for nobody.
 """
 from __future__ import annotations
@@ -82,12 +82,11 @@ def with_parent(command: list[str], signum: int = signal.SIGKILL) -> list[str]:
 
 
 def _exec_with_parent(argv: list[str]) -> None:
-    """`python -m keras_side.process PARENT SIGNAL -- COMMAND...` (what `with_parent` writes); PARENT "auto": the
-    process that started this one (a torchrun rank's agent, whose pid its caller cannot know)."""
+    """`python -m keras_side.process PARENT SIGNAL -- COMMAND...`, what `with_parent` writes."""
     parent, signum, separator, *command = argv
     if separator != "--" or not command:
         raise SystemExit("usage: python -m keras_side.process PARENT SIGNAL -- COMMAND...")
-    die_with_parent(os.getppid() if parent == "auto" else int(parent), int(signum))
+    die_with_parent(int(parent), int(signum))
     os.execvp(command[0], command)
 
 

@@ -1,11 +1,21 @@
 """Shared fixtures. Engine tests (tests/keras_side, tests/native) run once per engine: `make test` sets
 KERAS_BACKEND for each pytest process, because Keras fixes its backend at the first import."""
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+HANG_GUARD_S = 120  # waiting for a process to start, or to end: against a hang, never a measure of speed
+
+
+def wait_for(condition) -> bool:
+    """Whether `condition()` holds, asked every 50 ms until it does or HANG_GUARD_S have passed."""
+    start = time.monotonic()
+    while not condition() and time.monotonic() - start < HANG_GUARD_S:
+        time.sleep(0.05)
+    return condition()
 # Never the user's ~/.keras: its keras.json may name an engine that is not installed.
 os.environ.setdefault("KERAS_HOME", str(REPO / ".keras_home"))
 # Nor the user's cache folder: what the tests' JAX workers compile (keras_side.backend.own_cache) stays in this

@@ -55,7 +55,7 @@ from keras_side.arrays import as_tuple, keras_inputs, take
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders, shard
 from keras_side.models import batchnorm_layers, drawing_layers
-from keras_side.process import with_parent
+from keras_side.process import die_with_parent, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig
 from native import preflight
@@ -215,6 +215,7 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
 def main(argv=None) -> int:
     """One rank of a torchrun launch: train the model of --build (the HAR by default) on --data and, on rank 0,
     write the weights to --out."""
+    die_with_parent()  # torchrun's agent is the parent: killed (by SIGKILL too), it cannot stop its ranks itself
     parser = argparse.ArgumentParser(prog="torchrun ... -m native.torch.ddp", description=main.__doc__)
     parser.add_argument("--data", required=True, help="a HarData .npz (HarData.save)")
     parser.add_argument("--config", default="{}", help="TrainConfig fields as JSON")

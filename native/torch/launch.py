@@ -2,15 +2,12 @@
 which never imports an engine, launches it too."""
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
 
 def torchrun_command(processes: int, *args: str) -> list[str]:
     """torchrun from this interpreter's environment: `processes` ranks on this host (a free port: `--standalone`),
-    each running `native.torch.ddp` with `args`, and ending when torchrun does, however it ends: each rank starts
-    through `keras_side.process` ("auto": its parent is torchrun's agent, `with_parent`)."""
+    each running `native.torch.ddp` with `args` (a rank ends when torchrun does: `ddp.main`)."""
     return [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(processes),
-            "-m", "keras_side.process", "auto", str(int(signal.SIGKILL)), "--", sys.executable, "-m",
-            "native.torch.ddp", *args]
+            "-m", "native.torch.ddp", *args]

@@ -1,24 +1,23 @@
 """No process of ours outlives its parent: a SIGKILL of the command (the OOM killer, a scheduler's hard stop) ends
-the engine workers, the launchers and their processes, and torchrun's ranks with it (`keras_side.process`).
+the engine workers, the launchers and their processes with it (`keras_side.process`; torchrun's ranks:
+tests/native/torch/test_ddp.py).
 
 Each child here would wait forever on its own (it sleeps and reads nothing), so only its parent's death can end it:
-a test fails if it is still there after HANG_GUARD_S, a bound against a hang, not a measure of speed (the kernel
+a test fails if it is still there after `HANG_GUARD_S`, a bound against a hang, not a measure of speed (the kernel
 sends the signal as the parent dies)."""
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from keras_side.process import with_parent
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
-HANG_GUARD_S = 120  # waiting for a process to start or to end: against a hang, never a measure of speed
 SLEEPER = "import os, sys, time; open(sys.argv[1] + '/' + str(os.getpid()), 'w').close(); time.sleep(10**6)"
 
 
@@ -28,13 +27,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def wait_for(condition) -> bool:
-    start = time.monotonic()
-    while not condition() and time.monotonic() - start < HANG_GUARD_S:
-        time.sleep(0.05)
-    return condition()
 
 
 def sleepers(folder: Path, count: int) -> list[int]:
@@ -93,25 +85,6 @@ def test_a_launcher_ends_when_the_command_is_killed(tmp_path):
               f"distributed._run([sys.executable, '-c', {SLEEPER!r}, sys.argv[1]], dict(os.environ), "
               "Path(sys.argv[1]).parent / 'launch.log')")
     assert_all_end(killed_parent(tmp_path, script, 1))
-
-
-def test_torchruns_ranks_end_when_torchrun_is_killed(tmp_path):
-    """A rank is torchrun's child, started through `keras_side.process` with its parent found as it starts ("auto"):
-    torchrun killed (its own parent's death sends it SIGKILL, which it cannot pass on), its ranks end too."""
-    from native.torch.launch import torchrun_command
-
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    command = torchrun_command(2)
-    command = command[:command.index("--") + 1] + [sys.executable, "-c", SLEEPER, str(pids)]
-    torchrun = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        ranks = sleepers(pids, 2)
-    finally:
-        torchrun.kill()
-        torchrun.wait()
-    assert_all_end(ranks)
 
 
 def test_with_parent_runs_the_command_itself(tmp_path):

@@ -123,3 +123,19 @@ class StopsMidRun(DiesMidRun):
 
 def stops_mid_run():
     return keras.Sequential([keras.Input((3,)), StopsMidRun(name="fault"), keras.layers.Dense(1, name="out")])
+
+
+class WaitsMidRun(DiesMidRun):
+    """The same, except that the second process, at its 5th step, writes its pid into the folder named by
+    NATIVE_LOOPS_TEST_MARKS and waits forever (the first waits for it in a collective): only something from outside
+    ends the run."""
+
+    def fault(self):
+        import threading
+
+        open(os.path.join(os.environ["NATIVE_LOOPS_TEST_MARKS"], str(os.getpid())), "w").close()
+        threading.Event().wait()
+
+
+def waits_mid_run():
+    return keras.Sequential([keras.Input((3,)), WaitsMidRun(name="fault"), keras.layers.Dense(1, name="out")])

@@ -1,6 +1,9 @@
 """The torch loop data-parallel (`native/torch/ddp.py`): two processes launched by torchrun, DistributedDataParallel
 over gloo, end where one process ends on the same global batches; a rank that dies ends the launch with an error and
 no weights written."""
+import json
+import os
+import signal
 import subprocess
 
 import numpy as np
@@ -19,7 +22,8 @@ from native.torch import compiled as torch_compiled
 from native.torch import fast
 from native.torch import loop
 from native.torch import losses as torch_losses
-from tests.conftest import REPO
+from native.torch.launch import torchrun_command
+from tests.conftest import REPO, wait_for
 from tests.native import faults
 from tests.tiers import rows
 
@@ -148,6 +152,34 @@ def test_a_rank_that_hangs_ends_the_launch_at_the_collective_timeout(har, tmp_pa
     assert proc.returncode != 0 and "Timed out waiting 10000ms" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "weights.npz").exists()
     assert faults.processes_naming(tmp_path) == []
+
+
+def test_the_ranks_end_when_torchrun_is_killed(har, tmp_path):
+    """torchrun killed by SIGKILL (its own parent's death sends it one) cannot stop its ranks: each rank asks the
+    kernel to end it with torchrun (`ddp.main`). Rank 1 waits forever at its 5th step, rank 0 for it in a collective
+    whose timeout is far away: only torchrun's death can end them."""
+    har.save(tmp_path / "data.npz")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(REPO), "NATIVE_LOOPS_TEST_MARKS": str(marks),
+           "NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S": "3600"}
+    torchrun = subprocess.Popen(torchrun_command(2, "--data", str(tmp_path / "data.npz"), "--config", json.dumps(SPEC),
+                                                 "--build", "tests.native.faults:waits_mid_run", "--out",
+                                                 str(tmp_path / "weights.npz")),
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: any(marks.iterdir()) or torchrun.poll() is not None), "rank 1 never reached step 5"
+        assert torchrun.poll() is None, "the launch ended on its own"
+        ranks = [pid for pid in faults.processes_naming(tmp_path) if pid != str(torchrun.pid)]
+        assert len(ranks) == 2, ranks
+    finally:
+        torchrun.kill()
+        torchrun.wait()
+    try:
+        assert wait_for(lambda: faults.processes_naming(tmp_path) == []), "a rank outlived torchrun"
+    finally:
+        for pid in faults.processes_naming(tmp_path):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 # float32 sums in another order than torch.mean's: a few ulps of the moments' size.
