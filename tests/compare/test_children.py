@@ -92,3 +92,49 @@ def test_with_parent_runs_the_command_itself(tmp_path):
     proc = subprocess.run(with_parent([sys.executable, "-c", "import os; print(os.getpid()); raise SystemExit(3)"]),
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 3 and proc.stdout.strip().isdigit()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process started by `pid`, or by one it started, however deep (Linux's /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # ended while we looked
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return {p for p in found if alive(p)}
+
+
+def command_names(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("command, started", [
+    (["compare", "--quick", "--engines", "torch,jax"], "compare.engines.worker"),
+    (["distributed", "--engines", "torch,jax", "--processes", "2", "--epochs", "200"], "native.jax.sharded"),
+], ids=["compare", "distributed"])
+def test_a_command_killed_leaves_no_process_behind(tmp_path, command, started):
+    """SIGKILL of the command itself, once it has started what it starts (the workers; the launchers and their
+    processes): every process under it ends."""
+    cli = subprocess.Popen([sys.executable, "-m", "compare.cli", *command, "--out", str(tmp_path / "run")], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: any(started in command_names(p) for p in descendants(cli.pid)) or cli.poll() is not None)
+        under = descendants(cli.pid)
+        assert cli.poll() is None and under, "the command ended before it could be killed"
+    finally:
+        cli.kill()
+        cli.wait()
+    assert_all_end(sorted(under))
