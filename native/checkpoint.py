@@ -225,9 +225,10 @@ class Checkpoints:
         return _nan_for_null(self.saved.state["curves"]) if self.saved else fresh_curves()
 
     def restore(self, read) -> None:
-        """`read(folder)` the engine's files of the saved epoch; any failure there is a damaged checkpoint."""
+        """`read(folder)` the engine's files of the saved epoch, and return what it returns (each engine's
+        `checkpoint.read(folder, state) -> state`); any failure there is a damaged checkpoint."""
         try:
-            read(self.saved.folder / "engine")
+            return read(self.saved.folder / "engine")
         except Exception as err:  # each engine's reader raises its own kinds: a missing file, a bad one, a mismatch
             self.release()  # the run ends here
             raise CheckpointError(f"checkpoint {self.saved.folder} is damaged: its engine state cannot be read "

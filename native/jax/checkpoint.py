@@ -15,6 +15,7 @@ def _tree(state) -> dict:
 
 
 def write(folder: Path, state) -> None:
+    """The loop's `state` (trainable, non_trainable, opt_state, metrics: the first three) into the new folder."""
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(folder.absolute(), _tree(state))
         checkpointer.wait_until_finished()

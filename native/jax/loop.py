@@ -94,9 +94,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     state = init_state(model, optimizer, metrics)
     saved = Checkpoints(checkpoint, model, data, cfg, "jax", "jax-native", resume=resume) if checkpoint else None
     if saved and saved.saved:
-        restored = []
-        saved.restore(lambda folder: restored.append(jax_checkpoint.read(folder, state)))
-        state = restored[0]
+        state = saved.restore(lambda folder: jax_checkpoint.read(folder, state))
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
     orders = np.asarray(batch_orders(cfg, data.n_train))  # NumPy rows: a gather of a jax array costs more than a step

@@ -7,10 +7,9 @@ once per seed, each from its own initial weights and with its own batch order: t
     start = InitialWeights.of(build, data.x_train).draw(seeds)          # keras_side.initial
     trained = train_seeds(model, data, cfg, start, seed_orders(cfg, seeds, data.n_train))
 
-`train_many`, the walk-forward's, trains the HAR on masked windows:
+`train_many`, the walk-forward's, trains the HAR on masked windows (`compile_many`: compiled apart, for timing):
 
-    compiled, args = train_many(model, x, y, rows, params, key, cfg, devices=jax.devices())
-    params = compiled(*args)
+    params = train_many(model, x, y, rows, params, cfg, devices=jax.devices())
 
 The models come in groups that share their data: x (groups, N, features) and y (groups, N, 1), for example one
 group per asset. Model (g, m) trains on the first `rows[g, m]` rows of its group (a walk-forward's expanding
@@ -98,17 +97,23 @@ def make_fit_one(model, cfg: TrainConfig):
     return fit_one
 
 
-def train_many(model, x, y, rows, params, key, cfg: TrainConfig, *, devices=None):
-    """Compile the trainer of every model: x (groups, N, features), y (groups, N, 1), rows (groups, models), params
-    each model's initial weights stacked (groups, models, ...) (`InitialWeights.draw_grid`), `key` the epochs'
-    shared permutations. With `devices`, the model axis is sharded over them and must divide by their number.
-    Returns `(compiled, args)`: `compiled(*args)` trains and returns the params stacked as (groups, models, ...),
-    so callers time compile and run apart.
-    """
+def train_many(model, x, y, rows, params, cfg: TrainConfig, *, devices=None) -> list[np.ndarray]:
+    """Train every model: x (groups, N, features), y (groups, N, 1), rows (groups, models), params each model's
+    initial weights stacked (groups, models, ...) (`InitialWeights.draw_grid`); the epochs' shared permutations
+    drawn from `cfg.seed` (`shuffle_key`). With `devices`, the model axis is sharded over them and must divide by
+    their number. Returns the trained weights, stacked as `params` are (`compile_many` times compile and run
+    apart)."""
+    compiled, args = compile_many(model, x, y, rows, params, cfg, devices=devices)
+    return [np.asarray(p) for p in compiled(*args)]
+
+
+def compile_many(model, x, y, rows, params, cfg: TrainConfig, *, devices=None):
+    """`train_many`'s program, compiled, and its arguments: `compiled(*args)` trains and returns the params stacked
+    as (groups, models, ...), so that a caller times the compile and the run apart."""
     fit_one = make_fit_one(model, cfg)
     fit_group = jax.vmap(fit_one, in_axes=(0, None, None, 0, None))  # the group's models; x and y shared
     fit_many = jax.vmap(fit_group, in_axes=(0, 0, 0, 0, None))  # the groups
-    args = ([jnp.asarray(p) for p in params], jnp.asarray(x), jnp.asarray(y), jnp.asarray(rows), key)
+    args = ([jnp.asarray(p) for p in params], jnp.asarray(x), jnp.asarray(y), jnp.asarray(rows), shuffle_key(cfg))
     if devices is not None and len(devices) > 1:
         mesh = Mesh(np.asarray(devices), ("models",))
         per_model, shared = NamedSharding(mesh, PartitionSpec(None, "models")), NamedSharding(mesh, PartitionSpec())
@@ -140,8 +145,7 @@ def forecasts(build, w: dict, cfg: TrainConfig, devices, repeats: int = 1) -> tu
     grow = lambda a: np.concatenate([a, a[:, :1].repeat(pad, axis=1)], axis=1)  # noqa: E731
     rows = np.concatenate([w["rows"], np.zeros((groups, pad), w["rows"].dtype)], axis=1)
     start = time.perf_counter()
-    compiled, args = train_many(init.model, w["x"], w["y"], rows, [grow(p) for p in params], shuffle_key(cfg), cfg,
-                                devices=devices)
+    compiled, args = compile_many(init.model, w["x"], w["y"], rows, [grow(p) for p in params], cfg, devices=devices)
     compile_seconds = time.perf_counter() - start
     times = []
     for _ in range(repeats):

@@ -1,6 +1,6 @@
 """The JAX loop data-parallel: the batch axis sharded over devices with `jax.sharding`, the same jitted step.
 
-    weights = sharded.train(model, data, cfg)                 # every device JAX sees: local ones, or, after
+    weights = sharded.train(build, data, cfg)                 # every device JAX sees: local ones, or, after
                                                               # jax.distributed.initialize(), every process's
     python -m native.jax.sharded --processes 2 --data data.npz --out weights.npz   # several processes on this host
 
@@ -34,6 +34,7 @@ from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders
 from keras_side.files import save_npz
 from keras_side.losses import training_loss
+from keras_side.models import ensure_built
 from keras_side.process import exit_reason, is_stopped, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
@@ -58,12 +59,14 @@ def put(array, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) -> list[np.ndarray]:
-    """The native loop's step over a mesh of `devices` (default: every device of every process); returns the trained
-    weights, the same on every process. The batch order is the shared NumPy one, so every process cuts the same
-    global batches. `on_step(state)`, if given, runs after each step is dispatched (the launcher's progress)."""
+def train(build, data: HarData, cfg: TrainConfig, *, devices=None, on_step=None) -> list[np.ndarray]:
+    """The native loop's step on the model `build()` makes, over a mesh of `devices` (default: every device of every
+    process); returns the trained weights, the same on every process. The batch order is the shared NumPy one, so
+    every process cuts the same global batches. `on_step(state)`, if given, runs after each step is dispatched (the
+    launcher's progress)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
+    model = ensure_built(build(), data.x_train)
     check_data(cfg, data, model)  # as the one-process loop: JAX would train on such labels without a word
     devices = list(devices or jax.devices())
     mesh = Mesh(np.asarray(devices), ("batch",))
@@ -86,7 +89,7 @@ def train(model, data: HarData, cfg: TrainConfig, devices=None, on_step=None) ->
     return model.get_weights()
 
 
-def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.ndarray]:
+def fit_train(build, data: HarData, cfg: TrainConfig, *, devices=None) -> list[np.ndarray]:
     """`fit` itself, the Keras way: under `keras.distribution.DataParallel`, Keras shards every batch over the
     devices. Keras 3.15.1 shards each batch evenly or not at all (a jax IndivisibleError): every batch of training,
     validation and the final predictions must split over the devices, which is checked here first. With one
@@ -96,7 +99,6 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices=None) -> list[np.n
     import keras
 
     from keras_side import fit
-    from keras_side.models import ensure_built
 
     devices = list(devices or jax.devices())
     sizes = {"training": [r.stop - r.start for r in batch_slices(data.n_train, cfg.batch_size)],
@@ -135,7 +137,6 @@ def _process(args) -> int:
 
 def _work(args) -> int:
     from keras_side.determinism import seed_everything
-    from keras_side.models import ensure_built
     from keras_side.spec import resolve
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -156,9 +157,8 @@ def _work(args) -> int:
         return 0
     data = HarData.load(Path(args.data))
     seed_everything(cfg.seed)
-    model = ensure_built(resolve(args.build)(), data.x_train)
     start = time.perf_counter()
-    weights = train(model, data, cfg, on_step=_progress(args.progress) if args.progress else None)
+    weights = train(resolve(args.build), data, cfg, on_step=_progress(args.progress) if args.progress else None)
     seconds = time.perf_counter() - start  # training (and its compiles) only: not the launch or the join
     cpus = _every_process_cores()
     if jax.process_index() == 0:

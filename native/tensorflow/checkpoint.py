@@ -13,10 +13,13 @@ def _checkpoint(model, optimizer) -> tf.train.Checkpoint:
                                model=[v.value for v in model.variables])
 
 
-def write(folder: Path, model, optimizer) -> None:
+def write(folder: Path, state) -> None:
+    """`state` (model, optimizer) into the new folder `folder`."""
     folder.mkdir()
-    _checkpoint(model, optimizer).write(str(folder / "state"))
+    _checkpoint(*state).write(str(folder / "state"))
 
 
-def read(folder: Path, model, optimizer) -> None:
-    _checkpoint(model, optimizer).read(str(folder / "state")).assert_consumed()
+def read(folder: Path, state):
+    """`state` (model, optimizer) as `write` left them in `folder`, in place; returns `state`."""
+    _checkpoint(*state).read(str(folder / "state")).assert_consumed()
+    return state

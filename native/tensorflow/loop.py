@@ -94,7 +94,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     saved = Checkpoints(checkpoint, model, data, cfg, "tensorflow", "tensorflow-native", resume=resume) \
         if checkpoint else None
     if saved and saved.saved:
-        saved.restore(lambda folder: tf_checkpoint.read(folder, model, optimizer))
+        saved.restore(lambda folder: tf_checkpoint.read(folder, (model, optimizer)))
     start = time.perf_counter()
     step = make_step(model, loss_fn, optimizer, metrics, (data.x_train, data.y_train, data.w_train))
     step.get_concrete_function()  # trace and compile now, so that the epochs' time is training (reported apart)
@@ -118,7 +118,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
             curves["val_loss"].append(evaluate(model, loss_fn, data.x_val, data.y_val, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if saved:
-            saved.save(epoch + 1, model, curves, lambda folder: tf_checkpoint.write(folder, model, optimizer))
+            saved.save(epoch + 1, model, curves, lambda folder: tf_checkpoint.write(folder, (model, optimizer)))
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, curves["val_loss"][-1], model.get_weights):

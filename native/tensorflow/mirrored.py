@@ -174,7 +174,7 @@ def rows_of_global_batch(x):
             _replica.window = outer
 
 
-def train(build, data: HarData, cfg: TrainConfig, devices: list[str], init=None) -> list[np.ndarray]:
+def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None, init=None) -> list[np.ndarray]:
     """The native loop's step on every replica of a MirroredStrategy over `devices`; `init`: the weights to start
     from (default: the model's seeded initializers). Returns the trained weights. The batch order is the shared
     NumPy one."""
@@ -234,18 +234,19 @@ def summed_loss(cfg: TrainConfig):
     return summed
 
 
-def shard_loss(model, summed, xb, yb, global_size):
-    """A replica's part of the global batch's mean loss: its rows' summed losses and the model's penalties times its
-    rows, both over the global batch's rows (see above). Summed over the replicas, as Keras's optimizer sums their
-    gradients, it is the global batch's loss, penalties included."""
-    loss = summed(yb, model(xb, training=True)) / global_size
+def shard_loss(model, loss_fn, xb, yb, global_rows):
+    """A replica's part of the global batch's loss, as the strategy combines the replicas' gradients (their sum):
+    its rows' losses summed (`loss_fn`: `summed_loss`) and the model's penalties times its rows, both over the global
+    batch's `global_rows` rows (see above). Summed over the replicas, it is the global batch's loss, penalties
+    included. `native.torch.ddp.shard_loss` is the same for DDP, which averages."""
+    loss = loss_fn(yb, model(xb, training=True)) / global_rows
     if model.losses:
         rows = tf.cast(tf.shape(tf.nest.flatten(yb)[0])[0], tf.float32)
-        loss += tf.add_n(model.losses) * rows / global_size
+        loss += tf.add_n(model.losses) * rows / global_rows
     return loss
 
 
-def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> list[np.ndarray]:
+def fit_train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None) -> list[np.ndarray]:
     """`fit` itself under the strategy: the model built and compiled in its scope, Keras distributing each batch.
     Measured: equal to one process (3e-8) when every batch splits evenly over the replicas; with an uneven last
     batch (63 rows over 2) 2.3e-5 apart after 2 epochs, because Keras averages the replicas' own mean losses with
@@ -270,7 +271,7 @@ def fit_train(build, data: HarData, cfg: TrainConfig, devices: list[str]) -> lis
     return model.get_weights()
 
 
-def main(argv=None, command=None) -> int:
+def main(argv=None, *, command=None) -> int:
     """The command: train as `command_line(argv)` says (or `command`, its result when already read); a mistake there
     exits 2 after one line."""
     args, cfg, data = command or command_line(argv)
@@ -282,7 +283,7 @@ def main(argv=None, command=None) -> int:
     seed_everything(cfg.seed)
     start = time.perf_counter()
     try:
-        weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices)
+        weights = (fit_train if args.fit else train)(resolve(args.build), data, cfg, devices=devices)
     except SpecError as err:  # what only training finds (a clip Keras would apply per replica...): one line
         return preflight.one_line(PROG, err)
     seconds = time.perf_counter() - start  # training, its trace included: not the start-up

@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 
 
-def write(folder: Path, model, optimizer, scheduler) -> None:
+def write(folder: Path, state) -> None:
+    """`state` (model, optimizer, scheduler or None) into the new folder `folder`."""
+    model, optimizer, scheduler = state
     folder.mkdir()
     torch.save({"optimizer": optimizer.state_dict(), "places": places(model, optimizer),
                 "scheduler": scheduler.state_dict() if scheduler else None,
@@ -16,13 +18,16 @@ def write(folder: Path, model, optimizer, scheduler) -> None:
 
 
 @torch.no_grad()
-def read(folder: Path, model, optimizer, scheduler) -> None:
+def read(folder: Path, state):
+    """`state` (model, optimizer, scheduler or None) as `write` left them in `folder`, in place; returns `state`."""
+    model, optimizer, scheduler = state
     saved = torch.load(folder / "state.pt", weights_only=True)
     optimizer.load_state_dict(in_this_order(saved["optimizer"], saved["places"], places(model, optimizer)))
     if scheduler:
         scheduler.load_state_dict(saved["scheduler"])
     for variable, value in zip(model.variables, saved["variables"], strict=True):
         variable.assign(value)
+    return state
 
 
 def places(model, optimizer) -> list[int]:

@@ -51,10 +51,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from keras_side import cores, internals
-from keras_side.arrays import as_tuple, keras_inputs, take
+from keras_side.arrays import as_tuple, first, keras_inputs, take
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders, shard
-from keras_side.models import batchnorm_layers, drawing_layers
+from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
 from keras_side.process import die_with_parent, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig
@@ -111,15 +111,16 @@ def _global_moments(layer, inputs, mask):
     return mean, sums[1] / rows - torch.square(mean)
 
 
-def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
-    """Train on this process's shard of every global batch; the process group must be initialized. Returns the
-    trained weights (the same on every rank). The batch order is the shared NumPy one, so every rank cuts the same
-    global batches."""
+def train(build, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
+    """Train the model `build()` makes on this process's shard of every global batch; the process group must be
+    initialized. Returns the trained weights (the same on every rank). The batch order is the shared NumPy one, so
+    every rank cuts the same global batches."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
+    model = ensure_built(build(), data.x_train)
     x, y = data.x_train, data.y_train
     draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
-    refuse_other_draws(model, draws)
+    refuse_other_draws(model, draws=draws)
     check_data(cfg, data, model)  # as the one-process loop: every rank would raise deep in its loss
     rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
@@ -144,7 +145,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
                     check_same_draws(drawn)
                     checked = True
                 masks = tuple(m[positions] for m in drawn)
-            loss = shard_loss(ddp, model, loss_fn, xb, yb, share=len(mine) * world / size, masks=masks)
+            loss = shard_loss(model, loss_fn, xb, yb, size, world=world, forward=ddp, masks=masks)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over the ranks here
             if clip:
@@ -157,7 +158,7 @@ def train(model, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     return model.get_weights()
 
 
-def refuse_other_draws(model, draws: Draws | None) -> None:
+def refuse_other_draws(model, *, draws: Draws | None) -> None:
     """A SpecError for a layer that draws random numbers where `draws` (`Draws.of` the model) does not draw them."""
     random = drawing_layers(model)
     if random and not draws:
@@ -192,13 +193,16 @@ class WithMasks(torch.nn.Module):
         return forward(self.model, x, training=True, masks=masks)
 
 
-def shard_loss(forward, model, loss_fn, xb, yb, share: float, masks=()):
-    """A rank's loss: the mean loss of its rows plus the model's penalties, times `share` (its rows over the global
-    batch's, times `world`), so that the ranks' average gradient is the global batch's (see above). `forward` is
-    the model, or DDP around it (around `WithMasks` when `masks`, this rank's rows of the global batch's Dropout
-    masks, are given)."""
+def shard_loss(model, loss_fn, xb, yb, global_rows: int, *, world: int, forward=None, masks=()):
+    """A rank's part of the global batch's loss, as DDP combines the ranks' gradients (their average): the mean loss
+    of its rows plus the model's penalties, times its share of the global batch's `global_rows` rows times `world`
+    (see above). `forward` is DDP around the model (default: the model itself), around `WithMasks` when `masks`,
+    this rank's rows of the global batch's Dropout masks, are given. `native.tensorflow.mirrored.shard_loss` is the
+    same for a strategy, which sums its replicas' gradients."""
+    forward = forward or model
     outputs = forward(keras_inputs(xb), masks) if masks else forward(keras_inputs(xb), training=True)
     loss = loss_fn(keras_inputs(yb), outputs)
+    share = len(first(as_tuple(yb))) * world / global_rows
     return (loss + sum(model.losses) if model.losses else loss) * share
 
 
@@ -228,7 +232,6 @@ def main(argv=None) -> int:
         return preflight.one_line(parser.prog, err)
     cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
     from keras_side.determinism import seed_everything
-    from keras_side.models import ensure_built
     from keras_side.spec import resolve
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -238,9 +241,8 @@ def main(argv=None) -> int:
     try:
         seed_everything(cfg.seed)
         try:
-            model = ensure_built(resolve(args.build)(), data.x_train)
             start = time.perf_counter()
-            weights = train(model, data, cfg)
+            weights = train(resolve(args.build), data, cfg)
         except SpecError as err:  # what only training finds (a layer no rank can draw for): one line from the rank
             return preflight.one_line(parser.prog, err)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join

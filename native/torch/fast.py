@@ -92,7 +92,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     name = "torch-native-compile" if compile else "torch-native-fast"
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", name, resume=resume) if checkpoint else None
     if saved and saved.saved:
-        saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
+        saved.restore(lambda folder: torch_checkpoint.read(folder, (model, optimizer, scheduler)))
     x, y = tensors(data.x_train, device), tensors(data.y_train, device)
     outputs, regularized = _probe(model, take(x, slice(0, 1)), device)
     loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(y), as_tuple(outputs))))
@@ -164,8 +164,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
             val_loss.append(_evaluate(model, loss_fn, x_val, y_val, regularized, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if saved:
-            saved.save(epoch + 1, model, curves, lambda folder: torch_checkpoint.write(folder, model, optimizer,
-                                                                                      scheduler))
+            saved.save(epoch + 1, model, curves,
+                       lambda folder: torch_checkpoint.write(folder, (model, optimizer, scheduler)))
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, val_loss[-1], model.get_weights):

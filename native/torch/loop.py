@@ -95,7 +95,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     step = make_step(model, loss_fn, optimizer, metrics, scheduler, clip)
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", "torch-native", resume=resume) if checkpoint else None
     if saved and saved.saved:
-        saved.restore(lambda folder: torch_checkpoint.read(folder, model, optimizer, scheduler))
+        saved.restore(lambda folder: torch_checkpoint.read(folder, (model, optimizer, scheduler)))
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     metrics.history = curves["metrics"]
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
@@ -119,8 +119,8 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
             curves["val_loss"].append(evaluate(model, loss_fn, x_val, y_val, metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if saved:
-            saved.save(epoch + 1, model, curves, lambda folder: torch_checkpoint.write(folder, model, optimizer,
-                                                                                      scheduler))
+            saved.save(epoch + 1, model, curves,
+                       lambda folder: torch_checkpoint.write(folder, (model, optimizer, scheduler)))
         if progress:
             progress(epoch + 1, cfg.epochs)
         if stop and stop.update(epoch, curves["val_loss"][-1], model.get_weights):

@@ -97,3 +97,47 @@ def test_the_engine_workers_import_no_feature():
     engines = {name: deps for name, deps in graph().items() if name.startswith("compare.engines")}
     assert {name: sorted(d for d in deps if d.startswith(FEATURES)) for name, deps in engines.items()
             if any(d.startswith(FEATURES) for d in deps)} == {}
+
+
+ENGINES = ("torch", "jax", "tensorflow")
+LAUNCHERS = {"torch": "ddp", "jax": "sharded", "tensorflow": "mirrored"}  # one verb set: `launcher` below
+# The functions whose arguments differ between engines by what the engine is, each with why; every other public
+# function that two engines' modules of one name both define takes the same arguments.
+ENGINE_SHAPED = {
+    ("loop", "make_step"): "the step is where the engines differ (docs/lesson.md): torch's takes its scheduler and "
+                           "clip, TensorFlow's the arrays it gathers batches from in its graph",
+    ("loop", "evaluate"): "JAX's takes the state explicitly: its model is a pure function of it",
+    ("optim", "build"): "a torch optimizer holds the parameters it updates; an optax transformation holds none",
+}
+
+
+def public_functions(engine: str, module: str) -> dict[str, list[str]]:
+    """A module's public functions, each as the names of its positional parameters in order (its keyword-only
+    ones, after `*`, are each engine's own options: torch's compile, JAX's devices)."""
+    path = REPO / "native" / engine / f"{module}.py"
+    if not path.exists():
+        return {}
+    return {n.name: [a.arg for a in n.args.posonlyargs + n.args.args]
+            for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+
+
+def verbs() -> dict[tuple[str, str], dict[str, list[str]]]:
+    """(module, function) -> {engine: its positional parameters}, for what at least two engines define; the
+    data-parallel launchers (`ddp`, `sharded`, `mirrored`) as one module, `launcher`."""
+    modules = {p.stem for engine in ENGINES for p in (REPO / "native" / engine).glob("*.py")} - {"__init__"}
+    found = {}
+    for module in sorted(modules - set(LAUNCHERS.values())) + ["launcher"]:
+        for engine in ENGINES:
+            own = LAUNCHERS[engine] if module == "launcher" else module
+            for name, params in public_functions(engine, own).items():
+                found.setdefault((module, name), {})[engine] = params
+    return {verb: per for verb, per in found.items() if len(per) > 1}
+
+
+def test_every_verb_takes_the_same_arguments_on_every_engine():
+    differ = {verb: per for verb, per in verbs().items()
+              if verb not in ENGINE_SHAPED and len({tuple(p) for p in per.values()}) > 1}
+    assert differ == {}
+    assert {("loop", "train"), ("checkpoint", "read"), ("many", "train_many"), ("launcher", "train"),
+            ("launcher", "shard_loss")} <= set(verbs())  # the verbs the issue named are among those compared
+    assert set(ENGINE_SHAPED) <= set(verbs())  # no exemption outlives its function

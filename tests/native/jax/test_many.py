@@ -18,7 +18,7 @@ def problem(groups=2, models_per_group=3, n=400, seed=0):
     y = (x @ rng.normal(size=(3, 1)) + 0.1 * rng.normal(size=(groups, n, 1))).astype(np.float32)
     rows = rng.integers(100, n + 1, size=(groups, models_per_group)).astype(np.int32)
     params = InitialWeights.of(models.har, x[0]).draw_grid(rows.shape, seed)[0]  # the HAR's own initializers
-    return x, y, rows, params, jax.random.key(seed)
+    return x, y, rows, params
 
 
 def test_an_epoch_sees_every_row_once():
@@ -30,9 +30,9 @@ def test_an_epoch_sees_every_row_once():
 
 
 def test_every_vmapped_model_equals_the_model_trained_alone():
-    x, y, rows, params, key = problem()
+    x, y, rows, params = problem()
     cfg, model = TrainConfig(epochs=4), models.har()
-    compiled, args = jax_many.train_many(model, x, y, rows, params, key, cfg)
+    compiled, args = jax_many.compile_many(model, x, y, rows, params, cfg)
     together = compiled(*args)
     fit_one = jax.jit(jax_many.make_fit_one(model, cfg))
     for g, m in np.ndindex(rows.shape):
@@ -41,17 +41,19 @@ def test_every_vmapped_model_equals_the_model_trained_alone():
         for a, t in zip(alone, together, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(t[g, m]), atol=VMAP_VS_ALONE_ATOL, rtol=0)
         assert not np.allclose(np.asarray(alone[0]), np.asarray(start[0]))  # it did train
+    for a, t in zip(jax_many.train_many(model, x, y, rows, params, cfg), together, strict=True):
+        np.testing.assert_array_equal(a, np.asarray(t))  # the verb is the compiled program, run
 
 
 def test_rows_outside_a_window_change_nothing():
     """A model's result does not depend on the rows after its window, nor on an empty window beside it."""
-    x, y, rows, params, key = problem(groups=1)
+    x, y, rows, params = problem(groups=1)
     rows[0, 1] = 0  # an empty window: no rows, no update
     noisy = x.copy()
     noisy[0, rows[0, 0]:] = 1e3
     cfg, model = TrainConfig(epochs=2), models.har()
-    clean = jax_many.train_many(model, x, y, rows, params, key, cfg)
-    dirty = jax_many.train_many(model, noisy, y, rows, params, key, cfg)
+    clean = jax_many.compile_many(model, x, y, rows, params, cfg)
+    dirty = jax_many.compile_many(model, noisy, y, rows, params, cfg)
     clean_params, dirty_params = clean[0](*clean[1]), dirty[0](*dirty[1])
     for a, b in zip(clean_params, dirty_params, strict=True):
         np.testing.assert_array_equal(np.asarray(a)[0, 0], np.asarray(b)[0, 0])
@@ -61,10 +63,10 @@ def test_rows_outside_a_window_change_nothing():
 
 def test_sharded_over_two_devices_equals_one_device():
     assert len(jax.devices()) >= 2, "tests/native/conftest.py asks XLA for two host devices"
-    x, y, rows, params, key = problem(models_per_group=4)
+    x, y, rows, params = problem(models_per_group=4)
     cfg, model = TrainConfig(epochs=2), models.har()
-    one = jax_many.train_many(model, x, y, rows, params, key, cfg)
-    two = jax_many.train_many(model, x, y, rows, params, key, cfg, devices=jax.devices()[:2])
+    one = jax_many.compile_many(model, x, y, rows, params, cfg)
+    two = jax_many.compile_many(model, x, y, rows, params, cfg, devices=jax.devices()[:2])
     assert len(two[1][0][0].sharding.device_set) == 2
     # equal to the bit on both machines seen so far; a CPU whose dot sums 4 models' terms in another order than 8
     # would not be (SHARDED_ATOL), as the walk-forward's forecasts were not on the second
@@ -73,8 +75,8 @@ def test_sharded_over_two_devices_equals_one_device():
 
 
 def test_predict_many_is_each_models_own_forward():
-    x, y, rows, params, key = problem()
-    compiled, args = jax_many.train_many(models.har(), x, y, rows, params, key, TrainConfig(epochs=1))
+    x, y, rows, params = problem()
+    compiled, args = jax_many.compile_many(models.har(), x, y, rows, params, TrainConfig(epochs=1))
     params = compiled(*args)
     x_next = np.random.default_rng(1).normal(size=rows.shape + (5, 3)).astype(np.float32)
     got = jax_many.predict_many(models.har(), params, x_next)

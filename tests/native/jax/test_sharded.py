@@ -36,7 +36,7 @@ def test_two_devices_in_one_process_end_where_one_ends(har, build):
     lie on two devices, so nothing needs synchronizing by hand."""
     assert len(jax.devices()) == SHARDING_DEVICES
     seed_everything(0)
-    parallel = sharded.train(resolve(build)(), har, CFG)
+    parallel = sharded.train(resolve(build), har, CFG)
     for a, b in zip(alone(har, build), parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
@@ -54,7 +54,7 @@ def test_class_labels_the_loss_cannot_take_are_refused_as_in_one_process(har):
                                y_test=(har.y_test > 0).astype(np.float32))
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     with pytest.raises(SpecError, match="the train targets hold the label 2, .*0 to 1 \\(the model's 2 outputs\\)"):
-        sharded.train(model, data, CFG.replace(loss="sparse_categorical_crossentropy", from_logits=True))
+        sharded.train(lambda: model, data, CFG.replace(loss="sparse_categorical_crossentropy", from_logits=True))
 
 
 def test_two_outputs_on_two_devices_end_where_one_ends(panel):
@@ -70,7 +70,7 @@ def test_two_outputs_on_two_devices_end_where_one_ends(panel):
     seed_everything(0)
     one = loop.train(resolve(entry.build)(), data, cfg).weights
     seed_everything(0)
-    for a, b in zip(one, sharded.train(resolve(entry.build)(), data, cfg), strict=True):
+    for a, b in zip(one, sharded.train(resolve(entry.build), data, cfg), strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 

@@ -155,7 +155,7 @@ def two_replicas(data_path: str) -> None:
     for build in (noisy, spatial):
         for train in (mirrored.train, mirrored.fit_train):
             try:
-                train(build, data, CFG, devices)
+                train(build, data, CFG, devices=devices)
                 found[f"{build.__name__} {train.__name__}"] = None
             except SpecError as error:
                 found[f"{build.__name__} {train.__name__}"] = str(error)
@@ -280,7 +280,7 @@ def test_the_cpu_cannot_be_split_once_tensorflow_runs():
 
 def test_clipping_is_refused(har):
     with pytest.raises(SpecError, match="clips each replica's gradient"):
-        mirrored.train(resolve("keras_side.models:har"), har, TrainConfig(clipnorm=1.0), ["/cpu:0"])
+        mirrored.train(resolve("keras_side.models:har"), har, TrainConfig(clipnorm=1.0), devices=["/cpu:0"])
 
 
 def test_the_launchers_help_is_its_own_lines_alone():

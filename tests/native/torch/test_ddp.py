@@ -67,7 +67,7 @@ def test_a_model_whose_random_layer_every_rank_would_draw_alike_is_refused(har):
                               keras.layers.GaussianNoise(0.1, seed=1), keras.layers.Dense(1)])
     with pytest.raises(SpecError, match="'gaussian_noise' draws random numbers, which every rank would draw alike .* "
                                         "or train in one"):
-        ddp.train(model, har, TrainConfig(**SPEC))
+        ddp.train(lambda: model, har, TrainConfig(**SPEC))
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -78,7 +78,7 @@ def test_no_model_that_distributed_takes_is_refused(panel, name):
     from tests.native.many_seeds import zoo_data
 
     model = resolve(ZOO[name].build)()
-    ddp.refuse_other_draws(model, torch_compiled.Draws.of(model, zoo_data(panel, name).x_train))
+    ddp.refuse_other_draws(model, draws=torch_compiled.Draws.of(model, zoo_data(panel, name).x_train))
 
 
 @pytest.mark.parametrize("name", ["mlp_l2", "two_horizons"])
@@ -103,8 +103,7 @@ def test_the_ranks_average_gradient_is_the_global_batchs_penalties_included(pane
     averaged = [torch.zeros_like(p) for p in params]
     for rank in range(world):
         mine = shard(slice(0, len(rows)), rank, world)
-        loss = ddp.shard_loss(model, model, loss_fn, take(x, mine), take(y, mine),
-                              share=(mine.stop - mine.start) * world / 3)
+        loss = ddp.shard_loss(model, loss_fn, take(x, mine), take(y, mine), len(rows), world=world)
         averaged = [a + g / world for a, g in zip(averaged, torch.autograd.grad(loss, params), strict=True)]
     whole, _ = fast.total_loss(model, loss_fn, keras_inputs(x), keras_inputs(y), training=True)
     for a, w in zip(averaged, torch.autograd.grad(whole, params), strict=True):
