@@ -1,9 +1,9 @@
 """Atomic writes (a reader, or a crash, never sees a half-written file or report folder), and npz keywords."""
 from __future__ import annotations
 
-import glob
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -95,7 +95,8 @@ def atomic_folder(path: str | Path):
         _remove_empty(made)
         raise _cannot_create(path, err) from None
     if lock.stale is not None:  # its temporary folder is no live run's: nobody else holds the lock
-        left = list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+        mine = re.compile(rf"^\.{re.escape(path.name)}\.[A-Za-z0-9_]{{8}}\.tmp$")  # mkdtemp's, for this --out only
+        left = [p for p in path.parent.iterdir() if mine.match(p.name) and p.is_dir()]
         for folder in left:
             shutil.rmtree(folder, ignore_errors=True)
         print(f"native-loops: --out {str(path)!r}: a run that was killed (pid {lock.stale}) left its lock"

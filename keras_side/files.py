@@ -64,7 +64,7 @@ class Lock:
     def __init__(self, path, what: str):
         self.path = Path(path)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a link
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -82,13 +82,14 @@ class Lock:
         self.stale = _pid_in(fd)  # an owner that released would have removed the file: this one was killed
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        self.fd, self.owner = fd, os.getpid()
 
     def release(self) -> None:
         """Remove the file and let the lock go (once; later calls do nothing)."""
         if self.fd is None:
             return
-        self.path.unlink(missing_ok=True)  # while still held: nobody else can be between its lock and its check
+        if os.getpid() == self.owner:  # not a forked child's copy: the lock is its parent's
+            self.path.unlink(missing_ok=True)  # while still held: nobody else can be between its lock and its check
         os.close(self.fd)
         self.fd = None
 

@@ -76,8 +76,10 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
 def with_parent(command: list[str], signum: int = signal.SIGKILL) -> list[str]:
     """`command` run so that it ends with this process: through `python -m keras_side.process`, which asks for
     `signum` on this process's death (`die_with_parent`) and then becomes `command` (exec: same pid, no process
-    between). The call must come from the thread that lives as long as the child should (the main thread): the
-    kernel watches the thread that started it."""
+    between). The kernel watches the thread that starts the child, not the process: from a thread other than the
+    main one, which may end before the child should, the command is returned as it is (no such guarantee)."""
+    if threading.current_thread() is not threading.main_thread():
+        return list(command)
     return [sys.executable, "-m", "keras_side.process", str(os.getpid()), str(int(signum)), "--", *command]
 
 

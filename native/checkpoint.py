@@ -19,8 +19,9 @@ batch order of every epoch is a function of the seed and the data, both part of 
 resumed run draws the epochs it has left exactly as the uninterrupted run would.
 
 One run writes a folder at a time: `DIR/.lock` (`keras_side.files.Lock`) is taken before anything is read or written
-and let go after the last epoch is saved, or when the process ends, however it ends. A second run on the folder is
-refused in one line naming the first's pid; the lock of a run that was killed is taken over, with a warning.
+and let go after the last epoch is saved, when a checkpoint cannot be read or written, or when the process ends,
+however it ends. A second run on the folder is refused in one line naming the first's pid; the lock of a run that
+was killed is taken over, with a warning, and so is that of an earlier run of the same thread, which has raised.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +49,9 @@ from keras_side.spec import SpecError, TrainConfig
 FORMAT = 1
 EPOCH = re.compile(r"^epoch-(\d{4,})$")
 LOCK = ".lock"  # in the folder: the pid of the run writing it
+# The runs holding a folder's lock, by folder and thread. Runs of one thread follow each other, so one still holding
+# the lock when the next starts has ended by raising (its traceback keeps it alive): the next takes its lock over.
+_held: dict[tuple[str, int], weakref.ref] = {}
 
 
 class CheckpointError(ValueError):
@@ -130,8 +136,8 @@ class Checkpoints:
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
         self.lock, self.made = None, []
-        self._take_lock()  # before anything is read: a run writing there now is named, never read half-way
         try:
+            self._take_lock()  # before anything is read: a run writing there now is named, never read half-way
             listed = self.root.iterdir() if self.root.is_dir() else ()
             squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())
             if squatters:  # after the first epoch, its folder could not be renamed into place
@@ -161,15 +167,24 @@ class Checkpoints:
                 return
             made = [p for p in (self.root, *self.root.parents) if not p.exists()]  # deepest first
             self.root.mkdir(parents=True, exist_ok=True)
-            self.lock = Lock(self.root / LOCK, f"checkpoint folder {self.root}")
-        except Locked as err:
-            raise CheckpointError(str(err)) from None
         except OSError:
             for folder in made:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
             return
         self.made = made
+        key = (os.path.realpath(self.root), threading.get_ident())
+        earlier = _held.get(key)
+        if earlier is not None and earlier() is not None:  # a run of this thread that raised: it is over
+            earlier().release()
+        try:
+            self.lock = Lock(self.root / LOCK, f"checkpoint folder {self.root}")
+        except Locked as err:
+            raise CheckpointError(str(err)) from None
+        except OSError as err:  # a lock file this user cannot open (another's, in a shared folder), a link
+            raise CheckpointError(f"checkpoint folder {self.root}: its lock ({LOCK}) cannot be taken "
+                                  f"({err.strerror}); give a folder of your own") from None
+        _held[key] = weakref.ref(self)
         if self.lock.stale:
             warnings.warn(f"checkpoint folder {self.root}: the lock of pid {self.lock.stale}, a run that is gone "
                           "(killed), is taken over", stacklevel=3)
@@ -180,6 +195,7 @@ class Checkpoints:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+            _held.pop((os.path.realpath(self.root), threading.get_ident()), None)
         for folder in self.made:  # deepest first, each only if empty
             with contextlib.suppress(OSError):
                 folder.rmdir()
@@ -224,7 +240,7 @@ class Checkpoints:
         keeps them: a fresh copy, which the loop appends to."""
         return _nan_for_null(self.saved.state["curves"]) if self.saved else fresh_curves()
 
-    def restore(self, read) -> None:
+    def restore(self, read):
         """`read(folder)` the engine's files of the saved epoch, and return what it returns (each engine's
         `checkpoint.read(folder, state) -> state`); any failure there is a damaged checkpoint."""
         try:

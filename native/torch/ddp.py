@@ -199,7 +199,7 @@ def shard_loss(model, loss_fn, xb, yb, global_rows: int, *, world: int, forward=
     (see above). `forward` is DDP around the model (default: the model itself), around `WithMasks` when `masks`,
     this rank's rows of the global batch's Dropout masks, are given. `native.tensorflow.mirrored.shard_loss` is the
     same for a strategy, which sums its replicas' gradients."""
-    forward = forward or model
+    forward = model if forward is None else forward
     outputs = forward(keras_inputs(xb), masks) if masks else forward(keras_inputs(xb), training=True)
     loss = loss_fn(keras_inputs(yb), outputs)
     share = len(first(as_tuple(yb))) * world / global_rows
@@ -241,8 +241,9 @@ def main(argv=None) -> int:
     try:
         seed_everything(cfg.seed)
         try:
+            model = ensure_built(resolve(args.build)(), data.x_train)  # built before the clock, as it was
             start = time.perf_counter()
-            weights = train(resolve(args.build), data, cfg)
+            weights = train(lambda: model, data, cfg)
         except SpecError as err:  # what only training finds (a layer no rank can draw for): one line from the rank
             return preflight.one_line(parser.prog, err)
         seconds = time.perf_counter() - start  # training only: not the launch, the imports or the join

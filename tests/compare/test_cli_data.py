@@ -449,13 +449,22 @@ def test_a_killed_runs_lock_and_temporary_folder_are_taken_over(tmp_path, capsys
     from compare.io import atomic_folder
 
     (tmp_path / ".run.lock").write_text("4194305\n")  # above Linux's largest pid: no such process
-    (tmp_path / ".run.k1ll3d.tmp").mkdir()
-    (tmp_path / ".run.k1ll3d.tmp" / "report.json").write_text("{half")
+    (tmp_path / ".run.k1ll3d00.tmp").mkdir()
+    (tmp_path / ".run.k1ll3d00.tmp" / "report.json").write_text("{half")
     with atomic_folder(tmp_path / "run") as tmp:
         (tmp / "report.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert "--out '" + str(tmp_path / "run") + "': a run that was killed (pid 4194305) left its lock and 1 temporary " \
         "folder(s), removed; taken over" in capsys.readouterr().err
+    (tmp_path / ".other.lock").write_text("4194305\n")  # another --out's (run.v2's folder must stay: not this one's)
+    (tmp_path / ".run.v2.abcd1234.tmp").mkdir()
+    with atomic_folder(tmp_path / "other"):
+        pass
+    assert (tmp_path / ".run.v2.abcd1234.tmp").is_dir()
+    capsys.readouterr()
+    with atomic_folder(tmp_path / "run.v2x"):  # a name that `.run.v2.*.tmp` would have matched as `run`'s
+        pass
+    assert (tmp_path / ".run.v2.abcd1234.tmp").is_dir()
     (tmp_path / ".again.lock").write_text("")
     with atomic_folder(tmp_path / "again"):
         pass

@@ -129,6 +129,29 @@ def test_a_second_run_on_a_checkpoint_folder_is_refused_in_one_line_and_the_firs
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_that_raised_lets_the_next_run_of_its_thread_resume(har, tmp_path):
+    """A run that raises mid-epoch keeps its lock while its traceback lives (a notebook keeps it): the next run of
+    the same thread takes it over and resumes; a run of another thread meanwhile is refused, naming this process."""
+    import threading
+
+    def fail_at_the_second_epoch(epoch, epochs):
+        if epoch == 2:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom") as failed:
+        train(har, checkpoint=tmp_path / "c", progress=fail_at_the_second_epoch)
+    refused = []
+    other = threading.Thread(target=lambda: refused.append(pytest.raises(CheckpointError, train, har,
+                                                                         checkpoint=tmp_path / "c", resume=True)))
+    other.start()
+    other.join()
+    assert refused and "this process" in str(refused[0].value)
+    resumed = train(har, checkpoint=tmp_path / "c", resume=True)  # `failed` still holds the first run's frames
+    assert failed.value is not None and [e for e, _ in completed(tmp_path / "c")] == [CFG.epochs]
+    for a, b in zip(train(har).weights, resumed.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_folder_lock_names_its_owner_and_goes_with_it(tmp_path):
     """The lock itself, engine-free: a second taker is refused with the owner's pid; released, the file is gone and
     the lock free; a file left by a killed owner (a pid in it, no lock held) is taken over and its pid reported."""
