@@ -50,14 +50,19 @@ def interrupts_held():
             signal.raise_signal(signum)  # to the handler that was there: KeyboardInterrupt, Terminated, or the default
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether the process `pid` is stopped (SIGSTOP, a debugger): Linux's /proc says so; elsewhere, or once it is
-    gone, False. A process that hangs in a deadlock or a collective looks as any waiting one does: no runtime can
-    tell it from its peers."""
+def process_state(pid: int) -> str | None:
+    """The state letter Linux's /proc gives the process `pid` ("R" running, "S" waiting, "T" stopped, "Z" ended but
+    not yet reaped...), or None once it is gone, or where there is no /proc."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process `pid` is stopped (SIGSTOP, a debugger); False once it is gone, or without /proc. A process
+    that hangs in a deadlock or a collective looks as any waiting one does: no runtime can tell it from its peers."""
+    return process_state(pid) in ("T", "t")
 
 
 def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> None:

@@ -10,10 +10,10 @@ REPO = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 120  # waiting for a process to start, or to end: against a hang, never a measure of speed
 
 
-def wait_for(condition) -> bool:
-    """Whether `condition()` holds, asked every 50 ms until it does or HANG_GUARD_S have passed."""
+def wait_for(condition, guard_s: float = HANG_GUARD_S) -> bool:
+    """Whether `condition()` holds, asked every 50 ms until it does or `guard_s` have passed."""
     start = time.monotonic()
-    while not condition() and time.monotonic() - start < HANG_GUARD_S:
+    while not condition() and time.monotonic() - start < guard_s:
         time.sleep(0.05)
     return condition()
 # Never the user's ~/.keras: its keras.json may name an engine that is not installed.

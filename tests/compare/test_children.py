@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_side.process import with_parent
+from keras_side.process import process_state, with_parent
 from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -23,10 +23,7 @@ SLEEPER = "import os, sys, time; open(sys.argv[1] + '/' + str(os.getpid()), 'w')
 
 def alive(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie, ended but not yet reaped, is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 def sleepers(folder: Path, count: int) -> list[int]:

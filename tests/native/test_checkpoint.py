@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from compare.engines import paths
 from keras_side.determinism import seed_everything
 from keras_side.spec import SpecError, TrainConfig
 from native.checkpoint import LOCK, CheckpointError, completed
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 from tests.native.checkpoint_models import renamed_mlp, stateful_mlp
 from tests.native.conftest import ENGINE
 
@@ -109,9 +108,7 @@ def test_a_second_run_on_a_checkpoint_folder_is_refused_in_one_line_and_the_firs
                               json.dumps(CFG.replace(epochs=2).to_dict()), str(folder), str(signals), PATH.name],
                              env=env, stderr=subprocess.PIPE, text=True)
     try:
-        waited = time.monotonic()
-        while not (signals / "held").exists() and first.poll() is None and time.monotonic() - waited < HANG_GUARD_S:
-            time.sleep(0.05)
+        wait_for(lambda: (signals / "held").exists() or first.poll() is not None, HANG_GUARD_S)
         assert (signals / "held").exists(), first.stderr.read()[-2000:] if first.poll() is not None else "hung"
         second = subprocess.run([sys.executable, "-m", "compare.cli", "train", "--path", PATH.name, "--epochs", "2",
                                  "--checkpoint", str(folder)], env=env, capture_output=True, text=True)
