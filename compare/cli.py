@@ -11,10 +11,11 @@ from contextlib import suppress
 
 from compare import process
 from compare.commands import bench, compare, data, distributed, models, seeds, sweep, train, walk_forward, zoo
-from compare.engines import runner
+from compare.engines import faults, runner
 from compare.data import panel
 from compare.distributed import ZOO_EPOCHS
 from compare.errors import NativeLoopsError
+from compare.referee import checks
 from compare.referee.tolerances import SAME_ARITHMETIC_EPOCHS
 from keras_side.backend import ENGINES, BackendError
 from keras_side.spec import SpecError, TrainConfig
@@ -92,6 +93,11 @@ def parser() -> argparse.ArgumentParser:
                    f"every epoch for the HAR, the first {SAME_ARITHMETIC_EPOCHS} for another model)")
     p.add_argument("--float64", action="store_true", help="also check gradients under a float64 dtype policy")
     p.add_argument("--quick", action="store_true", help="a few epochs, for smoke tests")
+    p.add_argument("--converge", action="store_true", help=f"train until every path reaches OLS (Adam decayed to 0 "
+                   f"over {checks.CONVERGE_STEPS} steps) and judge ols_reached tightly, without seed noise")
+    p.add_argument("--plant", choices=list(faults.FAULTS), default=None, help="train the first engine's native "
+                   "path with a fault, to see the referee fail it: " + "; ".join(f"{k}: {v}"
+                                                                                for k, v in faults.FAULTS.items()))
     p.add_argument("--out", type=_path, metavar="DIR", help="report folder (default: a fresh folder under runs/)")
 
     p = sub.add_parser("bench", help="time every training path in one run; ratios to fit and to a NumPy floor")

@@ -39,6 +39,15 @@ def har(panel):
 
 
 @pytest.fixture(scope="session")
+def converged(har):
+    """The spec of `compare --converge` on the default data: every seed ends at OLS, up to mini-batch noise."""
+    from compare.referee import checks
+    from keras_side.spec import TrainConfig
+
+    return TrainConfig(**checks.converge_spec(har.n_train, TrainConfig.batch_size))
+
+
+@pytest.fixture(scope="session")
 def ols_fit(panel):
     from compare.data import panel as data, reference
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from compare.commands.common import (check_epochs, load, model_data, options, out_folder, parse_engines, prepare_har,
                                      run_folder, train_config)
-from compare.engines import runner
+from compare.engines import faults, runner
 from compare.errors import NativeLoopsError
 from compare.io import write_json
 from compare.referee import checks, figures, report, seed_noise, tolerances, zoo
 
 
-# A smoke run: too short for Adam(0.01) to reach OLS within 0.5% (that takes ~25 epochs from Keras's init), so
+# A smoke run: too short for Adam(0.01) to come near OLS (every seed ends beyond ols_reached's hard bounds), so
 # --quick reports ols_reached as not judged; gradients, portability, determinism and arithmetic are still checked.
 QUICK_EPOCHS = 5
 
@@ -28,49 +30,59 @@ def run(args: argparse.Namespace) -> int:
     if args.float64 and not har:
         raise NativeLoopsError(f"--float64 checks the HAR's gradient formula, which --model {args.model} does not "
                                "have; drop one of them")
+    check_ols_options(args, har)
     # The HAR trains with the referee's plain spec (MSE, Adam); another model with what its zoo entry needs.
     cfg = train_config(args, epochs=QUICK_EPOCHS if args.quick else None,
                        seeds_after=seed_noise.COMPARE_SEEDS if har else 0).replace(**({} if har else entry.spec))
-    # The HAR's same-arithmetic run lasts the whole run; another model's its first few epochs (see the constant).
-    same_epochs = args.same_epochs
-    if same_epochs is None:
-        same_epochs = cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS)
-    if not 1 <= same_epochs <= cfg.epochs:
-        raise NativeLoopsError(f"--same-epochs must be between 1 and the run's {cfg.epochs} epochs, got {same_epochs}")
     prices, source = load(args)
     if har:
         prepared, ols = prepare_har(args, prices, source)
     else:  # the OLS checks are the HAR's: another model has no known answer
         prepared = model_data(args, prices, source, entry)
         ols = None
+    if args.converge:
+        cfg = cfg.replace(**checks.converge_spec(prepared.n_train, cfg.batch_size))
+    # The HAR's same-arithmetic run lasts the whole run; another model's its first few epochs (see the constant).
+    same_epochs = args.same_epochs
+    if same_epochs is None:
+        same_epochs = cfg.epochs if har else min(cfg.epochs, tolerances.SAME_ARITHMETIC_EPOCHS)
+    if not 1 <= same_epochs <= cfg.epochs:
+        raise NativeLoopsError(f"--same-epochs must be between 1 and the run's {cfg.epochs} epochs, got {same_epochs}")
     check_epochs(cfg, prepared.n_train)
     out = out_folder(args)
-    # seed_noise sets one engine's fit against another's: with one engine, its 100 seeds would judge nothing.
-    noise = har and len(engines) > 1
+    # The HAR once per seed, by each engine with a many-model trainer: ols_reached's band, and seed_noise's
+    # yardstick (which sets one engine's fit against another's, so it needs two engines).
+    seeds = seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if har else ()
+    plant = {"path": f"{engines[0]}-native", "fault": args.plant} if args.plant else None
     with run_folder(out, ["report.json", "curves.png"] + (["slopes.png"] if ols else [])) as tmp:
         with report.progress(engines) as on_event:
             outcome = runner.run(prepared, cfg, engines, tmp, build=entry.build, har=har, same_epochs=same_epochs,
-                                 float64=args.float64, on_event=on_event,
-                                 seeds=seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if noise else ())
-        results, found = checks.run_all(outcome, prepared, ols, judge_ols=not args.quick,
-                                        draws_randomness=entry.draws,
-                                        same_epochs=same_epochs if same_epochs < cfg.epochs else None)
+                                 float64=args.float64, on_event=on_event, seeds=seeds, plant=plant)
+        results = checks.load_results(outcome)
         spreads = {e: seed_noise.Spread.of_compare(outcome.engine_folder(e), results[f"keras-{e}"], prepared)
                    for e in outcome.complete} if har else {}
-        if any(s.seeds is not None for s in spreads.values()):  # the HAR's: is an engine's run beyond seed noise?
-            found += seed_noise.seed_noise(spreads)
+        band = ols_band(args, ols, spreads)
+        results, found = checks.run_all(outcome, prepared, ols, band=band, draws_randomness=entry.draws,
+                                        same_epochs=same_epochs if same_epochs < cfg.epochs else None)
+        found += seed_noise.seed_noise(spreads)
         if ols:
             report.print_paths_table(ols, results, prepared)
         else:
             report.print_model_table(args.model, results, prepared)
         report.print_curves(results, prepared, ols)
         report.print_checks(found, outcome.failed)
+        undecided = band.undecided() if band else []
+        for line in undecided:
+            report.console().print(line)
         if args.quick:
             report.console().print(f"--quick: {cfg.epochs} epochs" + (", so ols_reached is not judged" if har else ""))
-        if har and not noise:
+        if har and len(engines) == 1:
             report.console().print("seed_noise sets one engine's fit against another's: give --engines two or more")
+        if plant:
+            report.console().print(f"planted in {plant['path']}: {faults.FAULTS[args.plant]} (--plant {args.plant})")
         summary = report.report_json(prepared, ols, cfg, results, found, outcome.failed) | {
-            "quick": args.quick, "model": args.model,
+            "quick": args.quick, "converge": args.converge, "model": args.model, "plant": plant,
+            "ols_band": band.__dict__ | {"undecided": undecided} if band else None,
             "seed_noise": seed_noise.summary(spreads, prepared.features) if spreads else None}
         write_json(tmp / "report.json", summary | {"options": options(args)})
         figures.curves(tmp / "curves.png", {n: r.val_loss for n, r in results.items()}, ols.val_mse if ols else None)
@@ -84,3 +96,30 @@ def run(args: argparse.Namespace) -> int:
     if outcome.failed:
         return 3
     return 0 if all(c.passed for c in found) else 1
+
+
+def check_ols_options(args: argparse.Namespace, har: bool) -> None:
+    """--converge and --plant are questions about OLS: the HAR's, in a run long enough to reach it."""
+    for flag, given in (("--converge", args.converge), ("--plant", args.plant)):
+        if given and not har:
+            raise NativeLoopsError(f"{flag} is judged by ols_reached, which only the HAR has; drop --model "
+                                   f"{args.model} or {flag}")
+        if given and args.quick:
+            raise NativeLoopsError(f"--quick leaves ols_reached unjudged, which {flag} is about; drop one of them")
+    if args.converge and args.epochs is not None:
+        raise NativeLoopsError(f"--converge trains {checks.CONVERGE_STEPS} steps on its own schedule, so it cannot "
+                               "take --epochs; drop one of them")
+
+
+def ols_band(args: argparse.Namespace, ols, spreads: dict) -> checks.Band | None:
+    """What ols_reached judges against: nothing in a --quick run, constants in a converged one, else the seeds'
+    spread on this data (the hard bounds alone where no engine of the run trained seeds)."""
+    if args.quick or ols is None:
+        return None
+    if args.converge:
+        return checks.Band.converged()
+    measured = [s for s in spreads.values() if s.seeds is not None]
+    if not measured:
+        return checks.Band.hard()
+    return checks.Band.of_seeds(np.concatenate([s.seeds.test_loss for s in measured]),
+                                np.concatenate([s.seeds.slopes for s in measured]), ols, [s.engine for s in measured])

@@ -63,16 +63,35 @@ class TrueProcess:
 TRUE = TrueProcess()
 
 
-def sessions() -> pd.DatetimeIndex:
-    days = pd.bdate_range(START, END)
+def varied(seed: int) -> tuple[pd.DataFrame, TrueProcess]:
+    """A panel of another process of the same family, drawn from `seed`: persistence from 0.80 to 0.98 (near a unit
+    root), slopes leaning on any horizon, log-RV levels from -14 to -4 (assets of very different scale), innovation
+    sd from 0.15 to 0.5 (calm to very noisy), and from 2 to 10 years of training history before the default split's
+    validation year. The panels the referee's verdict is tested on (tests/compare/test_verdict.py): data nobody
+    tuned it on. A draw whose leverage term feeds a near unit root until log RV overflows is drawn again."""
+    rng = np.random.default_rng([seed, 52])
+    while True:
+        share = rng.dirichlet([2.0, 2.0, 2.0])  # how the persistence splits over d1, s5, m22
+        truth = TrueProcess(slopes=tuple(float(v) for v in rng.uniform(0.80, 0.98) * share),
+                            leverage_per_sd=float(rng.uniform(-0.1, 0.0)),
+                            mean_log_rv=tuple(float(v) for v in rng.uniform(-14.0, -4.0, len(ASSETS))),
+                            sigma=tuple(float(v) for v in rng.uniform(0.15, 0.5, len(ASSETS))))
+        with np.errstate(over="ignore"):
+            frame = simulate(int(rng.integers(2**32)), truth, start=f"{2017 - int(rng.integers(2, 11))}-01-01")
+        if np.isfinite(frame["rv_5min"]).all() and (frame["rv_5min"] > 0).all():
+            return frame, truth
+
+
+def sessions(start: str = START) -> pd.DatetimeIndex:
+    days = pd.bdate_range(start, END)
     closed = np.isin(days.month * 100 + days.day, [m * 100 + d for m, d in HOLIDAYS])
     return days[~closed]
 
 
-def simulate(seed: int = 0, truth: TrueProcess = TRUE) -> pd.DataFrame:
-    """The long-format panel: fecha, activo, rendimiento, rv_5min. Deterministic from `seed`."""
+def simulate(seed: int = 0, truth: TrueProcess = TRUE, start: str = START) -> pd.DataFrame:
+    """The long-format panel from `start` to END: fecha, activo, rendimiento, rv_5min. Deterministic from `seed`."""
     rng = np.random.default_rng(seed)
-    days = sessions()
+    days = sessions(start)
     n_days, n_assets = len(days) + BURN_IN, len(ASSETS)
     levels, sigma = truth.levels(), np.asarray(truth.sigma)
     b_d, b_w, b_m = truth.slopes

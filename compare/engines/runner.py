@@ -275,13 +275,14 @@ def behind_nice() -> int:
 
 def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, build: str = HAR,
         har: bool = True, same_epochs: int | None = None, float64: bool = False, seeds: list[int] = (),
-        on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
+        plant: dict | None = None, on_event=lambda engine, event: None, jobs: int = JOBS) -> Outcome:
     """Train every path on every engine, take the HAR's gradients at fixed weights, and predict with every other
     engine's weights. `build` names the model ("module:function", e.g. a zoo model's); `har=False` says it is not
     the plain HAR regression: then there is no gradient formula to check, and the same-arithmetic run starts from
     one engine's seeded weights, not NumPy's. `same_epochs`: how long the same-arithmetic run trains (default
     `cfg.epochs`). `seeds`: the HAR trained once per seed by each engine with a many-model trainer (the seed-noise
-    check's yardstick). Everything lands under `folder`; read it back with `compare.referee.checks`."""
+    check's yardstick). `plant`: {"path": ..., "fault": ...} trains that path with a fault
+    (`compare.engines.faults`). Everything lands under `folder`; read it back with `compare.referee.checks`."""
     data_file, batch_file, init_file = folder / "data.npz", folder / "batch.npz", folder / "init.npz"
     data.save(data_file)
     if har:
@@ -294,7 +295,7 @@ def run(data: HarData, cfg: TrainConfig, engines: list[str], folder: Path, *, bu
             if not pool.each("init", lambda e: request, only=[engine]):
                 break
         train = {"data": str(data_file), "config": cfg.to_dict(), "init": str(init_file), "build": build,
-                 "same_epochs": same_epochs or cfg.epochs}
+                 "same_epochs": same_epochs or cfg.epochs} | ({"plant": plant} if plant else {})
         # The yardstick of seed_noise (the HAR once per seed, by the engines with a many-model trainer) is asked
         # with the training, so that it runs while the slowest engine (TensorFlow's fit) is still training.
         many = {"name": "seeds", "fit": False, "seeds": seeds} if har and seeds else None

@@ -19,7 +19,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from compare.engines import paths
+from compare.engines import faults, paths
 from compare.engines.requests import builder, model_for
 from compare.io import named
 from keras_side import cores, fit, models
@@ -65,18 +65,24 @@ def train_paths(request: dict, send) -> dict:
             return lambda epoch, epochs: send(event="progress", engine=ENGINE, path=path.name, stage=stage,
                                               epoch=epoch, epochs=epochs)
 
+        def given(cfg):  # what `path.train` takes after the model: with `compare --plant`'s fault, on its path
+            if request.get("plant", {}).get("path") == path.name:
+                cfg, planted = faults.plant(request["plant"]["fault"], cfg, data)
+                return planted, cfg
+            return data, cfg
+
         seed_everything(cfg.seed)
         model = model_for(request, data)
-        result = path.train(model, data, cfg, progress=progress("train"))
+        result = path.train(model, *given(cfg), progress=progress("train"))
         result.test_loss = _test_loss(model, data, cfg)
         result.save(out)
         model.save_weights(str(out / f"{path.name}.weights.h5"))
         seed_everything(cfg.seed)
-        again = path.train(model_for(request, data), data, cfg, progress=progress("repeat"))
+        again = path.train(model_for(request, data), *given(cfg), progress=progress("repeat"))
         model = model_for(request, data)
         model.set_weights(init)
         same_cfg = cfg.replace(batch_order="numpy", validate=False, epochs=request["same_epochs"], patience=None)
-        same = path.train(model, data, same_cfg, progress=progress("same"))
+        same = path.train(model, *given(same_cfg), progress=progress("same"))
         np.savez(out / f"{path.name}.extra.npz", **named("again", again.weights), **named("same", same.weights))
     if request.get("many"):  # the model once per seed too (compare's seed_noise), in the same request
         seeds(request | request["many"], send)

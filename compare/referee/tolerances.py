@@ -1,8 +1,26 @@
 """Every tolerance the checks and tests use, with the reason for its size. Compare structure before values."""
 
-# Training reaches the known answer.
-OLS_MSE_RTOL = 0.005  # test MSE within 0.5% of OLS: 40 epochs of Adam(0.01) on a convex problem
-SLOPE_ATOL = 0.05  # each slope within 0.05 of OLS (original units): Adam jitters around the optimum
+# Training reaches the known answer (`checks.ols_reached`). After 40 epochs of Adam(0.01) a run ends where its seed
+# (initial weights, batch order) left it: on the default data, over 200 seeds, up to 5.3% above OLS's test MSE and
+# 0.41 from its slopes (the regressors are collinear, so the slopes move along a flat valley). A constant tolerance
+# would let the seed decide the verdict, so each run measures the band on its own data: the HAR trained once per
+# seed by the many-model trainers, each seed's distance to OLS, this percentile of them. A correct path is one more
+# draw of the same training, so it lands beyond the band with probability 1 - 99.9% (exchangeability: no
+# assumption on the distances' distribution); three engines' two measures false-alarm at most 0.6% of runs.
+OLS_BAND_PERCENTILE = 99.9
+# ...and never beyond these, so that a band that is itself wide (every seed far from OLS: training that does not
+# reach it on this data) cannot pass a broken path. A band past them cannot decide, and the check says so.
+OLS_MSE_HARD = 0.25  # a model 25% worse than OLS on the test days has not reached it
+SLOPE_HARD = 1.0  # a stationary HAR's slopes lie in [0, 1): a slope 1 away is no estimate of it
+# `compare --converge` (`checks.converge_spec`): Adam(0.05) decayed to 0 over 2,000 steps ends at the training rows'
+# least squares up to the last steps' mini-batch noise. Measured over 300 seeds (native.jax.many) on each of the ten
+# panels of tests/compare/test_verdict.py: at most 1.7e-3 from OLS's test MSE (a short history, whose test days
+# differ most from its training days) and 4.6e-3 from its slopes; on the default data 1.6e-4 and 2.3e-3.
+CONVERGED_MSE_RTOL = 5e-3
+CONVERGED_SLOPE_ATOL = 1e-2
+# One fixed run, not a verdict: the lesson's first loops and the tests that train the HAR at seed 0 on the default
+# data, whose slopes land 0.01 to 0.03 from OLS's (deterministic: the same seed and data give the same weights).
+SLOPE_ATOL = 0.05
 
 # Gradients against the float64 formula 2/n·Xᵀ(Xw+b−y).
 GRAD_RTOL_F32 = 1e-5  # float32 sums of 256 terms: ~sqrt(256)·6e-8 plus rounding of the inputs
@@ -13,7 +31,8 @@ FD_RTOL = 1e-7  # central differences in float64, step 1e-6: truncation ~h², ca
 
 # Moving weights between engines.
 PORTABLE_ATOL = 1e-6  # standardized units: the same float32 weights, each engine's own float32 matmul
-# Same init, same batches, same Adam: after 720 steps the engines differ only by float32 reduction order.
+# Same init, same batches, same Adam: after 720 steps the engines differ only by float32 reduction order. Every two
+# paths within it (each path within half of it of the paths' median: `checks.same_arithmetic`).
 SAME_ARITHMETIC_ATOL = 1e-5
 # ...over every epoch for the HAR (convex: rounding differences stay at ~1e-7), over this many for any other model.
 # A model with kinks (ReLU, MAE) amplifies them once a unit or residual crosses zero on one engine and not on the

@@ -13,6 +13,7 @@ import pytest
 from compare import cli
 from compare.engines import runner
 from compare.errors import NativeLoopsError
+from compare.referee import seed_noise
 from keras_side.backend import JAX_CACHE_VARIABLE
 from keras_side.process import interrupts_held
 from keras_side.results import load_trained
@@ -50,7 +51,7 @@ def test_seed_noise_in_report_json(default_run):
     spread = report["seed_noise"]
     assert set(spread) == {"torch", "jax", "tensorflow"} and "seeds" not in spread["tensorflow"]
     for engine in ("torch", "jax"):
-        assert spread[engine]["seeds"] == 100
+        assert spread[engine]["seeds"] == seed_noise.COMPARE_SEEDS
         assert set(spread[engine]["quantiles"]) == {"test_loss", "slope_d1", "slope_s5", "slope_m22"}
         assert spread[engine]["default"]["test_loss"] == pytest.approx(report["paths"][f"keras-{engine}"]["test_mse"],
                                                                        rel=1e-5)
