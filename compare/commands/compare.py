@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         band = ols_band(args, ols, spreads)
         results, found = checks.run_all(outcome, prepared, ols, band=band, draws_randomness=entry.draws,
                                         same_epochs=same_epochs if same_epochs < cfg.epochs else None)
-        found += seed_noise.seed_noise(spreads)
+        found += seed_noise.seed_noise(spreads, seed_noise.COMPARE_PERCENTILE)
         if ols:
             report.print_paths_table(ols, results, prepared)
         else:

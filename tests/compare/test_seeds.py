@@ -26,6 +26,9 @@ def test_runs_inside_the_seed_spread_pass_and_the_tolerance_is_the_99th_percenti
     assert loss.value == pytest.approx(0.0002)
     pooled = np.concatenate([seed_noise.pair_gaps(s.seeds.test_loss[:, None]) for s in spreads.values()])
     assert loss.tolerance == pytest.approx(np.percentile(pooled, 99)) and len(pooled) == 2 * 50 * 49 // 2
+    assert "band: 99th percentile of 2,450 seed pairs' gaps" in loss.note
+    strict, _ = seed_noise.seed_noise(spreads, seed_noise.COMPARE_PERCENTILE)  # compare's: one exit code for all
+    assert strict.tolerance == pytest.approx(np.percentile(pooled, 99.9)) and "99.9th" in strict.note
 
 
 def test_engines_further_apart_than_any_two_seeds_are_the_finding():
