@@ -77,6 +77,13 @@ class _Keras(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One update from the gradients the parameters hold. `closure`, as torch's optimizers take it: a function
+        that zeroes the gradients, computes the loss, calls `backward` and returns the loss; it is called first
+        (with gradients on) and its loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -85,6 +92,7 @@ class _Keras(torch.optim.Optimizer):
             slots = [[self._slot(p, name, group) for p in params] for name in self.slots]
             self.update(params, [p.grad for p in params], *slots, lr=self._float32("lr", group["lr"]),
                         t=self._float32("step", float(group["step"])), group=group)
+        return loss
 
     def _float32(self, name: str, value: float) -> torch.Tensor:
         """`value` as a float32 scalar tensor, made again only when it changes (a new tensor costs a few µs)."""
