@@ -103,6 +103,19 @@ def completed(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _check_reachable(root: Path) -> None:
+    """A CheckpointError when the system refuses to look at `root` at all (a name past NAME_MAX, a path past
+    PATH_MAX, a folder on the way that cannot be searched), where `Path.is_dir` raises rather than answers. A folder
+    still to be made, or one under a file, is left to `_check_writable`, which says why."""
+    try:
+        root.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        raise CheckpointError(f"checkpoint folder {root} cannot be written ({err.strerror}); give a writable "
+                              "folder") from None
+
+
 def _check_writable(root: Path) -> None:
     """A CheckpointError now, not after the first epoch has trained, when `root` cannot hold checkpoints: a file, a
     folder under a file, a name too long, no permission. Folders made to find out are removed again."""
@@ -137,6 +150,7 @@ class Checkpoints:
         self.identity = _identity(model, data, cfg, engine, path)
         self.lock, self.made = None, []
         try:
+            _check_reachable(self.root)
             self._take_lock()  # before anything is read: a run writing there now is named, never read half-way
             listed = self.root.iterdir() if self.root.is_dir() else ()
             squatters = sorted(p.name for p in listed if EPOCH.match(p.name) and not p.is_dir())

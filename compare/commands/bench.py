@@ -40,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
         zoo_data[name] = (panel.prepare_kind(prices, entry.data, asset=args.asset, split=args.split, end=args.end,
                                              validation=args.validation, source=source), cfg.replace(**entry.spec))
         check_epochs(zoo_data[name][1], zoo_data[name][0].n_train)
+    wf_assets, left_out = walk_forward.refittable(prices, sorted(prices["activo"].unique()), args.split, args.end) \
+        if "jax" in engines else ([], {})  # --asset's HAR does not need the others: the timing leaves them out
+    for why in left_out.values():
+        report.console().print(f"the walk-forward timing leaves out {why}")
     totals = {e: len(bench.bench_paths(e)) * args.repeats for e in engines} | {"numpy": args.repeats} | (
         {"walk-forward": 1} if "jax" in engines else {}) | {
         f"zoo {m}": sum(len(bench.zoo_paths(e, m)) for e in engines) * args.repeats for m in models}
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         pool = stack.enter_context(runner.Pool(engines, Path(tmp), jobs=1))
         timings = bench.run(prepared, cfg, engines, Path(tmp), args.repeats, on_timing=tick, pool=pool)
         if "jax" in engines:  # the many-models claim: every walk-forward refit of every asset at once
-            windows = walk_forward.build_windows(prices, sorted(prices["activo"].unique()), args.split, args.end)
+            windows = walk_forward.build_windows(prices, wf_assets, args.split, args.end)
             (Path(tmp) / "walk").mkdir()
             wf_engines = [e for e in ("jax", "torch") if e in engines]
             tick("walk-forward", f"every refit at once on {' and '.join(wf_engines)}", done=False)
@@ -66,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             timings["incomplete"] |= {f"{name}/{e}": why for e, why in timed.pop("incomplete").items()}
     bench.print_bench(timings, bench.targets(timings))
     if args.json:
-        write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed, "options": options(args)})
+        write_json(args.json, timings | {"config": cfg.to_dict(), "seed": cfg.seed, "options": options(args)}
+                   | ({"walk_forward_left_out": left_out} if left_out else {}))
         report.console().print(f"wrote {report.shown(args.json)}")
     return 3 if timings["incomplete"] else 0

@@ -34,16 +34,21 @@ def run(args: argparse.Namespace) -> int:
     prices, source = load(args)
     prepared = model_data(args, prices, source, entry)
     check_epochs(cfg, prepared.n_train)
-    # With the HAR, JAX's walk-forward across processes too: every refit of every asset, the model axis over them
-    assets = sorted(prices["activo"].unique())
-    windows = walk_forward.build_windows(prices, assets, args.split, args.end).model_inputs() \
-        if "jax" in engines and args.model == "har" else None
+    # With the HAR, JAX's walk-forward across processes too: every refit of every asset (of those that can be
+    # refit: the check is the launch's, and --asset's run does not need the others), the model axis over them
+    windows, left_out = None, {}
+    if "jax" in engines and args.model == "har":
+        assets, left_out = walk_forward.refittable(prices, sorted(prices["activo"].unique()), args.split, args.end)
+        windows = walk_forward.build_windows(prices, assets, args.split, args.end).model_inputs()
+    for why in left_out.values():
+        report.console().print(f"the walk-forward check leaves out {why}")
     with run_folder(out_folder(args), ["distributed.json"]) as tmp:
         with report.progress(engines) as on_event:
             found = distributed.run(prepared, cfg, engines, processes=args.processes, folder=tmp, build=entry.build,
                                     windows=windows, fit=args.fit, on_event=on_event)
         report.print_distributed(found)
-        write_json(tmp / "distributed.json", found | {"source": source, "model": args.model, "options": options(args)})
+        write_json(tmp / "distributed.json", found | {"source": source, "model": args.model, "options": options(args)}
+                   | ({"walk_forward_left_out": left_out} if left_out else {}))
         # a failed launch's output stays, named in its line, and so do the workers' logs (engines/<engine>)
         kept = [] if found["incomplete"] else [*tmp.glob("*.log"), *tmp.glob("engines")]
         for scratch in [*tmp.glob("*.npz"), *kept]:

@@ -7,7 +7,7 @@ import shutil
 
 from compare.commands.common import load, options, out_folder, parse_names, run_folder, train_config
 from compare.engines import runner
-from compare.errors import NativeLoopsError
+from compare.errors import HarDataError, NativeLoopsError
 from compare.io import write_json
 from compare.referee import figures, report
 from compare.speed import walk_forward
@@ -38,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
     if cfg.epochs > MAX_WALK_EPOCHS:
         raise NativeLoopsError(f"--epochs {cfg.epochs:,}: the walk-forward draws every epoch's key up front; ask for "
                                f"at most {MAX_WALK_EPOCHS:,} epochs")
+    ready, unready = walk_forward.refittable(prices, assets, args.split, args.end)
+    if unready:
+        asset, why = next(iter(unready.items()))
+        hint = f", so leave {', '.join(map(repr, unready))} out: --assets {','.join(ready)}" if ready else ""
+        raise HarDataError(f"{why}; the walk-forward refits every asset it is given (--assets, default all){hint}")
     windows = walk_forward.build_windows(prices, assets, args.split, args.end)
     if args.fit_refits > windows.n_models:
         raise NativeLoopsError(f"--fit-refits {args.fit_refits:,}: there are {windows.n_models:,} refits to time; ask "

@@ -306,11 +306,21 @@ def prepare_panel(panel: pd.DataFrame, *, split: str = DEFAULT_SPLIT, end: str |
                   validation: str = DEFAULT_VALIDATION, source: str = "") -> HarData:
     """All assets stacked, for the panel model: inputs (d1, s5, m22) and the integer asset id (n, 1)."""
     assets = sorted(panel["activo"].unique())
-    per_asset = [of_asset(a, split_three, har_features(panel, a), split, end, validation) for a in assets]
+    per_asset = [_panel_sides(panel, a, split, end, validation) for a in assets]
     sides = tuple(pd.concat([s[k] for s in per_asset]) for k in range(3))
     ids = tuple(np.concatenate([np.full((len(s[k]), 1), i, np.int32) for i, s in enumerate(per_asset)])
                 for k in range(3))
     return standardize(sides, (HAR,), asset="all", source=source, validation=validation, extra_inputs=ids)
+
+
+def _panel_sides(panel: pd.DataFrame, asset: str, split: str, end: str | None, validation: str):
+    """One asset's (train, validation, test) rows for the panel model. It trains on every asset, so one that cannot
+    be split stops a command given another --asset: the error says why."""
+    try:
+        return of_asset(asset, split_three, har_features(panel, asset), split, end, validation)
+    except HarDataError as err:
+        raise HarDataError(f"{err} (the panel model trains on every asset of the data, so {asset!r} too: leave it "
+                           "out of the data, or train another model)") from None
 
 
 def prepare_sequences(panel: pd.DataFrame, *, asset: str = DEFAULT_ASSET, split: str = DEFAULT_SPLIT,

@@ -99,13 +99,31 @@ class Windows:
         }
 
 
-def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, every: int = REFIT_EVERY) -> Windows:
-    designs = []
+def _design(panel: pd.DataFrame, asset: str, split: str, end: str | None) -> tuple[pd.DataFrame, int]:
+    """One asset's HAR rows up to `end` and its first window's length; a data error names the asset."""
+    design = har_data.har_features(panel, asset)
+    train, test = har_data.of_asset(asset, har_data.split_dates, design, split, end)
+    har_data.of_asset(asset, har_data.require_spread, train, (*har_data.HAR, "y"))  # its first window's scaling
+    return design.iloc[: len(train) + len(test)], len(train)
+
+
+def refittable(panel: pd.DataFrame, assets, split: str, end: str | None) -> tuple[list[str], dict[str, str]]:
+    """The assets of `assets` whose walk-forward can be built, and why each other one cannot (too few days on a
+    side of the split, inputs that do not vary over its first window): a command given one --asset judges the
+    others only where it refits them."""
+    ready, unready = [], {}
     for asset in assets:
-        design = har_data.har_features(panel, asset)
-        train, test = har_data.of_asset(asset, har_data.split_dates, design, split, end)
-        har_data.of_asset(asset, har_data.require_spread, train, (*har_data.HAR, "y"))  # its first window's scaling
-        designs.append((design.iloc[: len(train) + len(test)], len(train)))
+        try:
+            _design(panel, asset, split, end)
+        except har_data.HarDataError as err:
+            unready[asset] = str(err)
+        else:
+            ready.append(asset)
+    return ready, unready
+
+
+def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, every: int = REFIT_EVERY) -> Windows:
+    designs = [_design(panel, asset, split, end) for asset in assets]
     n = max(len(d) for d, _ in designs)
     refits = [range(first, len(d), every) for d, first in designs]
     a, r = len(designs), max(len(t) for t in refits)

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keras_side import cores
 from keras_side.arrays import keras_inputs, take
+from keras_side.backend import keras_defaults
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders
 from keras_side.files import save_npz
@@ -139,6 +140,7 @@ def _work(args) -> int:
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 
+    keras_defaults()  # from Keras's defaults, whatever a user's keras.json sets (floatx...), as compare's workers
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, num_processes=args.processes, process_id=args.process_id,
                                initialization_timeout=JOIN_TIMEOUT_S)
@@ -212,6 +214,7 @@ def _fit(args, cfg: TrainConfig, data: HarData) -> int:
     from keras_side.spec import resolve
 
     cores.pin_launched()  # every core the launcher names: this one process runs every device
+    keras_defaults()  # from Keras's defaults, whatever a user's keras.json sets (floatx...), as compare's workers
     if args.devices is not None and len(jax.devices()) != args.devices:
         raise preflight.LaunchError(
             f"asked for fit over {args.devices} devices, and JAX sees {len(jax.devices())} "

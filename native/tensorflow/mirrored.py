@@ -84,6 +84,7 @@ import tensorflow as tf
 from keras_side.internals import backend_random as keras_tf_random  # Keras's TensorFlow random ops (its dropout)
 
 from keras_side import cores, swap
+from keras_side.backend import keras_defaults
 from keras_side.arrays import keras_inputs, take
 from keras_side.checks import check_data
 from keras_side.data import batch_slices, numpy_orders, shard
@@ -277,6 +278,7 @@ def main(argv=None, *, command=None) -> int:
     args, cfg, data = command or command_line(argv)
     cores.pin_launched()  # every core the launcher names: its replicas' threads share them
     devices = use_cpus(args.replicas)  # before anything starts TensorFlow's runtime
+    keras_defaults()  # from Keras's defaults, whatever a user's keras.json sets (floatx...), as compare's workers
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 

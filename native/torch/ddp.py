@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from keras_side import cores, internals
 from keras_side.arrays import as_tuple, first, keras_inputs, take
+from keras_side.backend import keras_defaults
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices, numpy_orders, shard
 from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
@@ -231,6 +232,7 @@ def main(argv=None) -> int:
     except preflight.LaunchError as err:
         return preflight.one_line(parser.prog, err)
     cores.pin_launched(int(os.environ.get("LOCAL_RANK", 0)))  # its own core, where the launcher names them
+    keras_defaults()  # from Keras's defaults, whatever a user's keras.json sets (floatx...), as compare's workers
     from keras_side.determinism import seed_everything
     from keras_side.spec import resolve
 

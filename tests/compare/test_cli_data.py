@@ -108,7 +108,7 @@ TRAINING_CASES = [
                                                          f"go past 2**32 - 1 (NumPy's and JAX's seeds); give --seed at "
                                                          f"most {2**32 - 3:,}"),
     (["seeds", "--seed", str(2**32 - 10), "--seeds", "20"], f"give --seed at most {2**32 - 21:,}"),
-    (["compare", "--seed", str(2**32 - 100)], "the 100 seeds this run trains after it go past 2**32 - 1"),
+    (["compare", "--seed", str(2**32 - 100)], "the 500 seeds this run trains after it go past 2**32 - 1"),
     (["walk-forward", "--assets", "indice,indice"], "--assets names indice more than once"),
     (["compare", "--model", "bn_mlp", "--float64"], "--float64 checks the HAR's gradient formula"),
     # every epoch's batch order is drawn up front: a huge --epochs is refused before it fills the memory
@@ -414,13 +414,23 @@ def test_a_panel_under_an_odd_name_is_written_read_and_named(tmp_path, capsys):
     assert len(list(tmp_path.iterdir())) == 3 - (odd is None)
 
 
-def test_a_short_asset_among_several_is_named(panel, tmp_path, capsys):
-    """Every asset is split for the walk-forward (and the panel model): the one that cannot be is named."""
+@pytest.mark.parametrize("args, why", [
+    (["walk-forward", "--asset", "indice"], "; the walk-forward refits every asset it is given (--assets, default "
+                                            "all), so leave 'oro' out: --assets accion,bono,cripto,divisa,indice\n"),
+    (["zoo", "--asset", "indice", "--models", "har,panel"], " (the panel model trains on every asset of the data, so "
+                                                            "'oro' too: leave it out of the data, or train another "
+                                                            "model)\n"),
+    (["compare", "--model", "panel"], " (the panel model trains on every asset of the data"),
+], ids=["walk-forward", "zoo-panel", "compare-panel"])
+def test_a_short_asset_among_several_is_named(panel, tmp_path, capsys, args, why):
+    """Every asset is split for the walk-forward and the panel model: the one that cannot be is named, and why a
+    command given another --asset needs it (the message named only the asset, as if --asset were ignored)."""
     short = panel[(panel["activo"] != "oro") | (panel["fecha"] < "2008-03-01")]
     short.to_parquet(tmp_path / "short.parquet", index=False)
-    assert cli.main(["walk-forward", "--data", str(tmp_path / "short.parquet"), "--out", str(tmp_path / "run")]) == 2
+    assert cli.main([*args, "--data", str(tmp_path / "short.parquet"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("native-loops: error: asset 'oro': split date 2018-01-01 is outside the data")
+    assert why in err and err.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
 def test_bench_json_checks_leave_an_existing_report_alone(tmp_path, capsys):

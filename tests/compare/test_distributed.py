@@ -69,6 +69,28 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_short_asset_other_than_asset_is_left_out_of_the_walk_forward_check(panel, tmp_path, capsys, monkeypatch):
+    """The JAX walk-forward check refits every asset it can; an asset too short for --split, not --asset, stopped
+    the whole command, which `train` on the same panel does not."""
+    from compare import distributed
+
+    class Launched(Exception):
+        pass
+
+    def launched(prepared, cfg, engines, **kwargs):
+        raise Launched(prepared.asset, kwargs["windows"])
+
+    monkeypatch.setattr(distributed, "run", launched)
+    panel[(panel["activo"] != "oro") | (panel["fecha"] >= "2018-03-01")].to_csv(tmp_path / "short.csv", index=False)
+    with pytest.raises(Launched) as got:
+        cli.main(["distributed", "--data", str(tmp_path / "short.csv"), "--asset", "indice", "--engines", "jax",
+                  "--out", str(tmp_path / "run")])
+    asset, windows = got.value.args
+    assert asset == "indice" and windows["x"].shape[0] == panel["activo"].nunique() - 1
+    assert "the walk-forward check leaves out asset 'oro': split date 2018-01-01" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.csv"]
+
+
 # make test: JAX's launcher. torchrun's summary is read by the test of it below (every way its ranks end), and a rank
 # that dies is torch's own test (tests/native/torch/test_ddp.py); make test-full launches torch here too.
 DYING = rows(["torch", "jax"], fast=["jax"])

@@ -102,6 +102,14 @@ def test_an_asset_with_fewer_refits_is_padded_and_left_out(panel):
     assert np.isfinite(ols[w.next_mask]).all() and all(np.isfinite(v) for v in wf.oos_mse(w, ols).values())
 
 
+def test_refittable_names_each_asset_that_cannot_be_refit_and_why(panel):
+    short = panel[(panel["activo"] != "oro") | (panel["fecha"] >= pd.Timestamp("2018-03-01"))]
+    ready, unready = wf.refittable(short, ["bono", "indice", "oro"], data.DEFAULT_SPLIT, None)
+    assert ready == ["bono", "indice"] and list(unready) == ["oro"]
+    assert unready["oro"].startswith("asset 'oro': split date 2018-01-01 is outside the data (2018-04-")
+    assert wf.build_windows(short, ready, data.DEFAULT_SPLIT, None).n_models > 0
+
+
 def test_a_sharded_run_without_its_devices_is_skipped_and_said(panel, tmp_path, monkeypatch):
     monkeypatch.setattr(wf, "host_devices_flag", lambda count: "--xla_force_host_platform_device_count=1")
     w = wf.build_windows(panel, ["bono"], data.DEFAULT_SPLIT, None)

@@ -276,10 +276,14 @@ def test_a_checkpoint_of_another_run_is_one_error_and_stays_as_it_was(har, tmp_p
 
 @pytest.mark.parametrize("where, message", [
     ("file/c", "cannot be written (Not a directory)"), ("a/" + "c" * 300, "cannot be written (File name too long)"),
-    ("file", "is a file; give a folder")])
+    ("c" * 300, "cannot be written (File name too long)"),
+    ("/".join(["c" * 200] * 25), "cannot be written (File name too long)"),
+    ("file", "is a file; give a folder"),
+], ids=["under-a-file", "long-name-under-new", "long-name", "long-path", "file"])
 def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(har, tmp_path, where, message):
     """Found out at the first save, after an epoch of training, it was a traceback; the folders made to find out
-    are removed again."""
+    are removed again. A name past NAME_MAX in a folder that exists, or a path past PATH_MAX, made the first look at
+    the folder raise: a traceback too."""
     (tmp_path / "file").write_text("")
     steps = []
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -363,6 +367,9 @@ def test_the_train_command_checkpoints_and_resumes(tmp_path, capsys):
     assert cli.main(["train", "--path", PATH.name, "--epochs", "3", "--checkpoint", folder]) == 2
     err = capsys.readouterr().err
     assert "holds the checkpoints of a run (epoch 3); pass resume" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["train", "--path", PATH.name, "--epochs", "1", "--checkpoint", str(tmp_path / ("c" * 300))]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be written (File name too long)" in err and len(err.strip().splitlines()) == 1
     assert cli.main(["train", "--path", f"keras-{ENGINE}", "--checkpoint", folder]) == 2
     assert (f"--checkpoint: keras-{ENGINE} writes no checkpoints: fit has keras.callbacks.BackupAndRestore"
             in capsys.readouterr().err)

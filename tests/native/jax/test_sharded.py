@@ -84,6 +84,26 @@ def test_two_processes_end_where_one_ends(har, tmp_path):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
+def test_a_users_keras_json_does_not_reach_the_processes(har, tmp_path):
+    """A user's keras.json (here floatx float16) reached the launched processes, where compare's workers start from
+    Keras's defaults."""
+    import json
+
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    har.save(tmp_path / "data.npz")
+    spec = {**SPEC, "epochs": 1}
+    result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", spec,
+                            env={"KERAS_HOME": str(tmp_path / "keras")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    parallel, _ = load_trained(tmp_path / "weights.npz")
+    seed_everything(0)
+    one = loop.train(resolve("keras_side.models:har")(), har, CFG.replace(**spec)).weights
+    assert all(w.dtype == np.float32 for w in parallel)
+    for a, b in zip(one, parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
 # make test: mid-run, where process 0 waits for the dead one in a collective; one that dies while building the model
 # is `native-loops distributed`'s test of it (tests/compare/test_distributed.py), and make test-full's here.
 @pytest.mark.parametrize("build", rows(["dies_in_the_second_process", "dies_mid_run"], fast=["dies_mid_run"]))

@@ -26,9 +26,10 @@ SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) splits
 CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
 
 
-def mirrored_run(data, tmp_path, build, *extra, config: dict = SPEC) -> list[np.ndarray]:
+def mirrored_run(data, tmp_path, build, *extra, config: dict = SPEC, keras_home=None) -> list[np.ndarray]:
     data.save(tmp_path / "data.npz")
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO)}
+    env |= {"KERAS_HOME": str(keras_home)} if keras_home else {}
     proc = subprocess.run([sys.executable, "-m", "native.tensorflow.mirrored", "--replicas", "2", "--data",
                            str(tmp_path / "data.npz"), "--config", json.dumps(config), "--build", build, "--out",
                            str(tmp_path / "weights.npz"), *extra], env=env, capture_output=True, text=True)
@@ -257,6 +258,23 @@ def test_fit_under_the_strategy_with_batchnorm_synchronized_and_dropout(har, tmp
     parallel = mirrored_run(even, tmp_path, build, "--fit")
     seed_everything(0)
     assert gap(fit.train(resolve(build)(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
+
+
+def test_a_users_keras_json_does_not_reach_the_launched_process(har, tmp_path):
+    """A user's keras.json (here floatx float16) reached the launcher's process, where compare's workers start from
+    Keras's defaults: its loop failed on float16 weights against float32 batches, and `fit` under the strategy
+    trained in float16."""
+    from keras_side import fit
+
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    even, spec = whole_batches(har, SPEC["batch_size"], 2), {**SPEC, "epochs": 1}
+    for extra, train in (((), loop.train), (("--fit",), fit.train)):
+        parallel = mirrored_run(even, tmp_path, "keras_side.models:har", *extra, config=spec,
+                                keras_home=tmp_path / "keras")
+        seed_everything(0)
+        one = train(resolve("keras_side.models:har")(), even, CFG.replace(**spec)).weights
+        assert all(w.dtype == np.float32 for w in parallel) and gap(one, parallel) <= DATA_PARALLEL_ATOL, extra
 
 
 def test_each_replica_computes_on_one_thread():

@@ -58,6 +58,25 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
 
+def test_a_users_keras_json_does_not_reach_the_ranks(har, tmp_path):
+    """A user's keras.json (here floatx float16) reached torchrun's ranks, where compare's workers start from
+    Keras's defaults."""
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    har.save(tmp_path / "data.npz")
+    spec = {**SPEC, "epochs": 1}
+    proc = ddp.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", spec, "keras_side.models:har",
+                      env={"PYTHONPATH": str(REPO), "KERAS_HOME": str(tmp_path / "keras")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parallel, _ = load_trained(tmp_path / "weights.npz")
+    seed_everything(0)
+    alone = fast.train(resolve("keras_side.models:har")(), har, TrainConfig(batch_order="numpy", validate=False,
+                                                                            **spec))
+    assert all(w.dtype == np.float32 for w in parallel)
+    for a, b in zip(alone.weights, parallel, strict=True):
+        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
+
+
 def test_a_model_whose_random_layer_every_rank_would_draw_alike_is_refused(har):
     """GaussianNoise (or an unseeded Dropout) would draw the same noise on every rank for its own rows: refused, in
     one line naming it (not the seeded Dropout beside it), before the process group is asked for anything."""
