@@ -1,7 +1,7 @@
-"""Embedding a Keras model in a PyTorch codebase: it is a `torch.nn.Module`, so it is simply a submodule.
+"""Embedding a Keras model in a PyTorch codebase: `KerasModule(model)` is the torch module a torch user expects.
 
-    host = HostModel(models.har()); optimizer = torch.optim.Adam(host.parameters(), lr=1e-2)
-    torch.save(host.state_dict(), "host.pt"); other.load_state_dict(torch.load("host.pt"))   # stable keys
+    module = KerasModule(model); optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
+    torch.save(module.state_dict(), "module.pt"); other.load_state_dict(torch.load("module.pt"))   # stable keys
 
 A Keras model's own `state_dict()` has each weight twice (under the model and under its inner functional graph),
 keyed by paths such as "sequential_3/dense_7/kernel" that Keras numbers from process-wide counters: a second
@@ -67,44 +67,97 @@ def stable_keys(model):
     return model
 
 
-class HostModel(torch.nn.Module):
-    """A plain torch module: a Keras model (the HAR, or any one-output model), then a torch `nn.Linear(1, 1)` that
-    recalibrates its forecast."""
+class KerasModule(torch.nn.Module):
+    """Any built Keras model as the torch module a torch codebase expects (`forward` calls the model):
+
+    - `parameters()` in `model.variables` order, in this module and in any module that holds it. Keras registers
+      its weights sorted by their auto-numbered paths ("dense_10" before "dense_9"), so another process that built
+      other models first, or a `copy.deepcopy`, had another order: an optimizer's state resumed onto the wrong
+      tensors, and `AveragedModel` (EMA) paired the wrong ones.
+    - `state_dict()` under stable keys (`stable_keys`), loadable in any process.
+    - `train()` / `eval()` reach the Keras model as its `training` flag (Dropout, BatchNorm).
+    - `.losses`: the model's own losses (regularizers, `add_loss`) of the last forward, to add to the loss.
+    - A dtype cast (`.double()`, `.half()`) and `torch.autocast` are refused in one line: Keras computes in its dtype
+      policy, whatever torch casts.
+    """
+
+    child = "keras"  # the attribute that holds the Keras model (its state dict keys' first part)
 
     def __init__(self, keras_model):
         super().__init__()
-        self.har = stable_keys(keras_model)  # registering the Keras model registers its weights with torch
-        self.calibrate = torch.nn.Linear(1, 1)
+        self.variables = _Order(keras_model)  # registered first: torch yields each parameter where it first meets it
+        setattr(self, self.child, stable_keys(keras_model))
+
+    @property
+    def model(self):
+        return getattr(self, self.child)
+
+    @property
+    def losses(self) -> list:
+        return list(self.model.losses)
+
+    def forward(self, inputs, **kwargs):
+        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+            raise RuntimeError(f"{type(self).__name__} under torch.autocast: the Keras layers keep computing in their "
+                               f"dtype policy ({self.model.dtype_policy.name}) from weights autocast has cast once, "
+                               "so they would train on stale casts; choose a mixed policy with "
+                               "keras.config.set_dtype_policy('mixed_bfloat16') before building the model instead")
+        # A Keras model reads `training` from its call, not from torch's `self.training`: pass it on.
+        return self.model(inputs, training=self.training, **kwargs)
 
     def __deepcopy__(self, memo):
-        """`copy.deepcopy(host)` (an EMA copy, a snapshot): Keras copies its model by saving and loading it, which
-        leaves the hooks of `stable_keys` behind, so the copy's state dict had Keras's numbered keys again. They are
-        installed on the copy's Keras model (any module holding one needs the same after a deepcopy)."""
+        """`copy.deepcopy` (an EMA copy, a snapshot): Keras copies its model by saving and loading it, which leaves
+        torch's hooks and this module's parameter order behind: both are made again on the copy's Keras model."""
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        stable_keys(clone.har)
+        clone._modules["variables"] = _Order(stable_keys(clone.model))
         return clone
 
     def _apply(self, fn, recurse=True):
         """What torch's `.double()`, `.half()`, `.to(dtype)` and `.to(device)` call: a change of a weight's dtype is
-        refused before anything is cast. Keras computes in its dtype policy whatever torch casts its weights to:
-        after `.double()` the Keras part computed in float32 and answered in float64, at float32's precision,
-        without a word."""
+        refused before anything is cast. After `.double()` the Keras part computed in float32 and answered in
+        float64, at float32's precision, without a word."""
         for dtype in {p.dtype for p in self.parameters()}:
             cast = fn(torch.zeros((), dtype=dtype)).dtype
             if cast != dtype:
-                raise TypeError(f"HostModel keeps its dtypes: its {dtype} weights would become {cast}, but the Keras "
-                                f"model computes in its dtype policy ({self.har.dtype_policy.name}) whatever torch "
-                                "casts its weights to; choose the dtype with keras.config.set_dtype_policy before "
-                                "building it (a float64 Dense computes in float32 on torch in Keras 3.15.1: "
-                                "keras-team/keras#23704)")
+                raise TypeError(f"{type(self).__name__} keeps its dtypes: its {dtype} weights would become {cast}, "
+                                f"but the Keras model computes in its dtype policy ({self.model.dtype_policy.name}) "
+                                "whatever torch casts its weights to; choose the dtype with "
+                                "keras.config.set_dtype_policy before building it (a float64 Dense computes in "
+                                "float32 on torch in Keras 3.15.1: keras-team/keras#23704)")
         return super()._apply(fn, recurse)
 
+
+class _Order(torch.nn.ParameterDict):
+    """The Keras model's parameters once more, in `model.variables` order, under "<index>_<name>": what
+    `parameters()` walks first. The state dict leaves them out (`stable_keys` saves each variable once); torch's
+    extension points for a module's own part of the state dict are its `_save_to_state_dict` and
+    `_load_from_state_dict`."""
+
+    def __init__(self, keras_model):
+        super().__init__({f"{i}_{v.name}": v.value for i, v in enumerate(keras_model.variables)
+                          if isinstance(v.value, torch.nn.Parameter)})
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        pass
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        pass
+
+
+class HostModel(KerasModule):
+    """The HAR's example of a `KerasModule`: a Keras model (the HAR, or any one-output model), then a torch
+    `nn.Linear(1, 1)` that recalibrates its forecast."""
+
+    child = "har"
+
+    def __init__(self, keras_model):
+        super().__init__(keras_model)
+        self.calibrate = torch.nn.Linear(1, 1)
+
     def forward(self, x):
-        # A Keras model reads `training` from its call, not from torch's `self.training`: pass it on, so that
-        # `host.train()` / `host.eval()` switch Dropout, GaussianNoise and BatchNorm as they do in a torch module.
-        return self.calibrate(self.har(x, training=self.training))
+        return self.calibrate(super().forward(x))
 
 
 def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> list[float]:
