@@ -1,5 +1,9 @@
 """Embedding a Keras model in a JAX program: `stateless_call` makes it a pure function of its weights.
 
+    pure = PureModel(model)                              # any built Keras model
+    state = pure.init()                                  # (trainable, non_trainable): copies, yours to donate
+    outputs, state, losses = pure.apply(state, x, training=True)
+    pure.write_back(state)                               # into the Keras variables: predict, save_weights
     loss, grads = panel_loss_and_grad(model)(trainable, xs, ys)   # xs: (assets, rows, 3), shared weights
 """
 from __future__ import annotations
@@ -7,8 +11,45 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from keras_side.arrays import keras_inputs
 from keras_side.losses import as_fit_shapes
-from native.jax.loop import training_flag
+from native.jax.loop import training_flag, write_back
+
+
+class PureModel:
+    """Any built Keras model as pure functions of its state, for a JAX program of yours: usable under `jit`, `grad`,
+    `vmap` and `lax.scan`, with an optax optimizer and an orbax checkpoint of the state.
+
+    The state is `(trainable, non_trainable)`: lists of arrays in `model.trainable_variables` and
+    `model.non_trainable_variables` order. `non_trainable` carries what a layer moves while training (BatchNorm's
+    statistics, the seed state of Dropout and its kin): `apply` returns it new, and the next call must get it.
+    `init` copies the variables' arrays, so a step that donates its state (`jax.jit(..., donate_argnums=0)`, for
+    speed) deletes only the copies: the Keras model keeps working (`predict`, `save_weights`) until `write_back`
+    gives it the trained state. (Taking `v.value` directly, as the Keras guide does, hands the model's own buffers
+    to the donation: XLA deletes them, and the model fails on its next use.)"""
+
+    def __init__(self, model):
+        if not model.built:
+            raise ValueError(f"PureModel needs a built model (its variables exist once it is built); build "
+                             f"{model.name!r} first, e.g. with keras.Input or model.build(input_shape)")
+        self.model = model
+
+    def init(self) -> tuple[list, list]:
+        def own(variables):
+            return [jnp.array(v.value, copy=True) for v in variables]
+        return own(self.model.trainable_variables), own(self.model.non_trainable_variables)
+
+    def apply(self, state, x, *, training: bool = False):
+        """`(outputs, state, losses)`: the model's outputs for `x`, the state with its non-trainable part moved on,
+        and the sum of the losses the model adds (regularizers, `add_loss`), which `fit` adds to the loss."""
+        trainable, non_trainable = state
+        outputs, non_trainable, losses = self.model.stateless_call(
+            trainable, non_trainable, keras_inputs(x), return_losses=True, **training_flag(self.model, training))
+        return outputs, (trainable, non_trainable), sum(losses, jnp.zeros((), jnp.float32))
+
+    def write_back(self, state) -> None:
+        """The state into the Keras variables, so that `model.predict` and `save_weights` see it."""
+        write_back(self.model, state)
 
 
 def panel_loss_and_grad(model):

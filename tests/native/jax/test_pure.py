@@ -1,0 +1,69 @@
+"""`PureModel`: any Keras model as pure functions for a JAX program of yours. A loop written with it, `jit`,
+`value_and_grad` and the package's optax optimizer ends on the reference loop's weights to the bit (so on `fit`'s);
+its state can be donated without breaking the Keras model."""
+import functools
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from keras_side import models
+from keras_side.data import batch_slices
+from keras_side.determinism import seed_everything
+from keras_side.losses import training_loss
+from keras_side.spec import TrainConfig
+from native.jax import loop, optim
+from native.jax.host import PureModel
+
+CFG = TrainConfig(epochs=2, validate=False)
+
+
+def users_loop(model, data, cfg, *, donate: bool):
+    """What a JAX user writes: the step over `PureModel.apply`, the optimizer's state beside the model's."""
+    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), training_loss(cfg)
+
+    @functools.partial(jax.jit, donate_argnums=0 if donate else ())
+    def step(state, opt_state, x, y):
+        def loss_of(trainable):
+            outputs, new_state, losses = pure.apply((trainable, state[1]), x, training=True)
+            return loss_fn(y, outputs) + losses, new_state
+        (loss, new_state), grads = jax.value_and_grad(loss_of, has_aux=True)(state[0])
+        updates, opt_state = optimizer.update(grads, opt_state, state[0])
+        return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
+
+    state = pure.init()
+    opt_state = optimizer.init(state[0])
+    for order in np.asarray(loop.batch_orders(cfg, data.n_train)):  # the reference loop's batch orders
+        for rows in batch_slices(data.n_train, cfg.batch_size):
+            state, opt_state, _ = step(state, opt_state, data.x_train[order[rows]], data.y_train[order[rows]])
+    return pure, state
+
+
+@pytest.mark.parametrize("build", [models.har, models.dropout_mlp, models.bn_mlp], ids=["har", "dropout", "bn"])
+def test_a_loop_of_yours_over_the_pure_model_is_the_reference_loop(har, build):
+    seed_everything(0)
+    want = loop.train(build(), har, CFG).weights
+    seed_everything(0)
+    model = models.ensure_built(build(), har.x_train)
+    pure, state = users_loop(model, har, CFG, donate=False)
+    pure.write_back(state)
+    for got, expected in zip(model.get_weights(), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_donated_state_leaves_the_keras_model_working(har):
+    seed_everything(0)
+    model = models.ensure_built(models.har(), har.x_train)
+    before = model.predict(har.x_test, verbose=0)
+    pure, state = users_loop(model, har, CFG, donate=True)
+    np.testing.assert_array_equal(model.predict(har.x_test, verbose=0), before)  # its own buffers, not donated
+    pure.write_back(state)
+    assert not np.array_equal(model.predict(har.x_test, verbose=0), before)
+
+
+def test_an_unbuilt_model_is_one_line():
+    import keras
+
+    with pytest.raises(ValueError, match="PureModel needs a built model"):
+        PureModel(keras.Sequential([keras.layers.Dense(1)]))
