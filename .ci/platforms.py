@@ -113,11 +113,11 @@ def install(device, index_override):
     if device == "cpu":
         index = torch_index(override=index_override)
         args = ["install", "-c", str(CONSTRAINTS), *(["--extra-index-url", index] if index else []),
-                "-e", f"{ROOT}[tensorflow,test]"]
+                "-e", f"{ROOT}[all,test]"]
     else:
         cuda_constraints = Path(sys.prefix) / "constraints-cuda.txt"
         cuda_constraints.write_text("\n".join(_constraints(cuda=True)) + "\n")
-        args = ["install", "-c", str(cuda_constraints), "-e", f"{ROOT}[test]", *CUDA_PINS]
+        args = ["install", "-c", str(cuda_constraints), "-e", f"{ROOT}[torch,jax,test]", *CUDA_PINS]
     command = [sys.executable, "-m", "pip", *args, "--quiet"]
     print(" ".join(command), flush=True)
     done = subprocess.run(command).returncode
@@ -180,7 +180,8 @@ def resolve(target, python, index):
     """The install `make` does, resolved by pip for `target`: (verdict, {package: version}, note), the verdict
     "yes", "NO", or "partly" when only torch could not be checked because its index is out of reach."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = ("test",) if target.cuda else ("tensorflow", "test")
+    # CUDA: TensorFlow's CUDA build comes from CUDA_PINS (the extra would add tensorflow-cpu beside it)
+    extras = ("torch", "jax", "test") if target.cuda else ("torch", "jax", "tensorflow", "test")
     requirements = project["dependencies"] + [d for e in extras for d in project["optional-dependencies"][e]]
     constraints = _constraints(target.cuda)
     if target.cuda:

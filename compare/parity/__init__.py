@@ -1,5 +1,5 @@
 """Parity of any Keras model across engines and loops, from your own tests (or through the pytest fixtures of
-`compare.parity.plugin`).
+`keras_side.pytest_plugin`, the work in `compare.parity.plugin`).
 
     assert_gradients_match(build, x, y)          # one point: the training objective's gradient, every engine
     assert_forward_match(build, x)               # one point: every layer's output, every engine

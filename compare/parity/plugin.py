@@ -1,46 +1,17 @@
-"""pytest plugin (registered through the `pytest11` entry point): the parity fixtures.
-
-    def test_my_model_has_gradient_parity(grad_parity):
-        grad_parity("mypkg.models:build", x, y, loss="mse")
-
-    def test_my_model_predicts_alike(forward_parity):
-        forward_parity("mypkg.models:build", x)
-
-    def test_my_model_trains_alike(training_parity):
-        training_parity("mypkg.models:build", x, y, spec={"optimizer": "sgd"}, epochs=2)
-
-    def test_my_loop_is_fit(loop_parity):
-        loop_parity("mypkg.models:build", "mypkg.loops:torch_step", x, y, engine="torch")
-
-Choose engines with `@pytest.mark.grad_parity_engines("torch", "jax")` or `--grad-parity-engines torch,jax`
-(default: every installed engine; every fixture but `loop_parity`, whose step names its engine). One worker per
-engine is started on first use and kept for the session, shared by every fixture.
+"""The parity fixtures' work: what `keras_side.pytest_plugin` (the `pytest11` entry point) calls once a test uses a
+fixture. See that module for the fixtures and how to choose engines.
 """
 from __future__ import annotations
 
 import functools
-
-import pytest
 
 from compare import parity
 from compare.engines import runner
 from keras_side.backend import installed_engines
 
 
-def pytest_addoption(parser):
-    parser.addoption("--grad-parity-engines", default=None, metavar="ENGINES",
-                     help="comma-separated engines for the grad_parity, forward_parity and training_parity fixtures "
-                     "(default: every installed engine)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "grad_parity_engines(*engines): engines the parity fixtures (grad_parity, "
-                            "forward_parity, training_parity) compare")
-
-
-@pytest.fixture(scope="session")
-def grad_parity_pool(tmp_path_factory):
-    """Lazily started workers, one per installed engine, shared by every grad_parity check of the session."""
+def pool(tmp_path_factory):
+    """Lazily started workers, one per installed engine, shared by every check of the session: yields `get()`."""
     pools = []
 
     def get() -> runner.Pool:
@@ -50,36 +21,26 @@ def grad_parity_pool(tmp_path_factory):
         return pools[0]
 
     yield get
-    for pool in pools:
-        pool.close()
+    for started in pools:
+        started.close()
 
 
-@pytest.fixture
-def grad_parity(request, grad_parity_pool):
-    """`grad_parity(build_model, x, y, loss="mse", rtol=..., atol=...)`: see `compare.parity.assert_gradients_match`."""
-    return functools.partial(_check, grad_parity_pool, _engines(request))
+def grad_parity(request, get_pool):
+    return functools.partial(_check, get_pool, _engines(request))
 
 
-@pytest.fixture
-def forward_parity(request, grad_parity_pool):
-    """`forward_parity(build_model, x, rtol=..., atol=...)`: see `compare.parity.assert_forward_match`."""
-    return functools.partial(_forward, grad_parity_pool, _engines(request))
+def forward_parity(request, get_pool):
+    return functools.partial(_forward, get_pool, _engines(request))
 
 
-@pytest.fixture
-def training_parity(request, grad_parity_pool):
-    """`training_parity(build_model, x, y, spec=..., steps=... or epochs=..., paths=...)`: see
-    `compare.parity.assert_training_matches`."""
-    return functools.partial(_training, grad_parity_pool, _engines(request))
+def training_parity(request, get_pool):
+    return functools.partial(_training, get_pool, _engines(request))
 
 
-@pytest.fixture
-def loop_parity(grad_parity_pool):
-    """`loop_parity(build_model, train_step, x, y, engine=..., spec=..., steps=... or epochs=...)`: see
-    `compare.parity.assert_loop_matches_fit`."""
+def loop_parity(get_pool):
     def check(*args, **kwargs):
         __tracebackhide__ = True
-        return _alone(parity.assert_loop_matches_fit, *args, pool=grad_parity_pool, **kwargs)
+        return _alone(parity.assert_loop_matches_fit, *args, pool=get_pool, **kwargs)
 
     return check
 

@@ -221,3 +221,33 @@ def test_non_trainable_weights_are_the_same_on_every_engine(forward_parity, grad
 def test_a_model_with_a_functional_backbone_is_compared_on_its_output(forward_parity):
     outputs = forward_parity(parity_models.with_backbone, X3)
     assert all(len(o) == 1 and next(iter(o.values())).shape == (64, 1) for o in outputs.values())
+
+
+def test_a_project_with_its_own_compare_module_runs_its_tests_and_a_fixture_says_why_it_cannot(tmp_path):
+    """pytest loads the plugin in every project at its start: a project's own `compare.py` (first on sys.path under
+    `python -m pytest`) must not stop its tests, and a parity fixture used there fails in one line naming both."""
+    import subprocess
+    import sys
+
+    (tmp_path / "compare.py").write_text("def compare(a, b):\n    return a == b\n")
+    (tmp_path / "test_theirs.py").write_text(
+        "import compare\n\n\ndef test_theirs():\n    assert compare.compare(1, 1)\n\n\n"
+        "def test_with_a_fixture(grad_parity):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_theirs.py"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    out = proc.stdout
+    assert "1 passed" in out and "1 error" in out, out[-3000:]
+    assert f"but `compare` here is {tmp_path / 'compare.py'}: rename your module" in out, out[-3000:]
+
+
+def test_the_engine_free_core_imports_no_engine():
+    """The CLI, the referee and the plugin import without torch, JAX, TensorFlow or Keras (`pip install
+    native-loops[jax]` has no torch): each is blocked in a fresh interpreter, and `native-loops --help` still runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor name in ('torch', 'jax', 'tensorflow', 'keras', 'optax'):\n    sys.modules[name] = None\n"
+            "import keras_side.pytest_plugin, compare.parity.plugin, compare.referee.checks\n"
+            "from compare import cli\nsys.exit(cli.main(['--help']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "usage: native-loops" in proc.stdout, proc.stderr[-2000:]
