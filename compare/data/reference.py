@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from compare.data import panel as har_data
+from compare.data.panel import DEFAULT_VALIDATION, HAR, har_features, require_spread, split_three
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Ols:
         return dict(zip(self.features, map(float, self.slopes)))
 
 
-def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...] = har_data.HAR,
+def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...] = HAR,
         val: pd.DataFrame | None = None) -> Ols:
     """Float64 `lstsq` on the training rows of a HAR design; MSE on the test and validation rows (NaN without
     them)."""
@@ -51,12 +51,12 @@ def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...
     )
 
 
-def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=har_data.HAR,
-            validation: str = har_data.DEFAULT_VALIDATION) -> Ols:
+def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=HAR,
+            validation: str = DEFAULT_VALIDATION) -> Ols:
     """OLS on the rows the models train on (`compare.data.panel.split_three`: the validation year left out, unless
     `validation="test"`)."""
-    train, val, test = har_data.split_three(har_data.har_features(panel, asset), split, end, validation)
-    har_data.require_spread(train, (*features, "y"))
+    train, val, test = split_three(har_features(panel, asset), split, end, validation)
+    require_spread(train, (*features, "y"))
     return ols(train, test, features, val)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from compare.data import panel as har_data
+from compare.data.panel import DEFAULT_ASSET, DEFAULT_SPLIT, DEFAULT_VALIDATION, prepare_kind
 from compare.engines import runner
 from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.arrays import take
@@ -57,8 +57,8 @@ def _first_rows(data: HarData, rows: int | None) -> HarData:
 
 
 def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizers: list[str], folder: Path,
-        epochs: int = ZOO_EPOCHS, rows: int | None = None, seed: int = 0, asset: str = har_data.DEFAULT_ASSET,
-        split: str = har_data.DEFAULT_SPLIT, end: str | None = None, validation: str = har_data.DEFAULT_VALIDATION,
+        epochs: int = ZOO_EPOCHS, rows: int | None = None, seed: int = 0, asset: str = DEFAULT_ASSET,
+        split: str = DEFAULT_SPLIT, end: str | None = None, validation: str = DEFAULT_VALIDATION,
         fast: bool = False, on_cell=lambda cell: None) -> dict:
     """Every cell on every engine; `rows` trains on the first rows only (the fast subset); `fast` adds each
     engine's fast path (`FAST_PATHS`). Returns zoo.json."""
@@ -66,7 +66,7 @@ def run(panel: pd.DataFrame, *, models: list[str], engines: list[str], optimizer
     files = {}
     for kind in kinds:
         files[kind] = str(folder / f"zoo-{kind}.npz")
-        prepared = har_data.prepare_kind(panel, kind, asset=asset, split=split, end=end, validation=validation)
+        prepared = prepare_kind(panel, kind, asset=asset, split=split, end=end, validation=validation)
         _first_rows(prepared, rows).save(files[kind])
     cells = []
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from compare.data import panel as har_data
+from compare.data.panel import HAR, HarDataError, har_features, of_asset, require_spread, split_dates
 from compare.engines import runner
 from compare.errors import NativeLoopsError
 from keras_side import cores
@@ -101,9 +101,9 @@ class Windows:
 
 def _design(panel: pd.DataFrame, asset: str, split: str, end: str | None) -> tuple[pd.DataFrame, int]:
     """One asset's HAR rows up to `end` and its first window's length; a data error names the asset."""
-    design = har_data.har_features(panel, asset)
-    train, test = har_data.of_asset(asset, har_data.split_dates, design, split, end)
-    har_data.of_asset(asset, har_data.require_spread, train, (*har_data.HAR, "y"))  # its first window's scaling
+    design = har_features(panel, asset)
+    train, test = of_asset(asset, split_dates, design, split, end)
+    of_asset(asset, require_spread, train, (*HAR, "y"))  # its first window's scaling
     return design.iloc[: len(train) + len(test)], len(train)
 
 
@@ -115,7 +115,7 @@ def refittable(panel: pd.DataFrame, assets, split: str, end: str | None) -> tupl
     for asset in assets:
         try:
             _design(panel, asset, split, end)
-        except har_data.HarDataError as err:
+        except HarDataError as err:
             unready[asset] = str(err)
         else:
             ready.append(asset)
@@ -131,7 +131,7 @@ def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, ever
     dates, rows = np.full((a, n), np.datetime64("NaT"), "datetime64[ns]"), np.zeros((a, r), np.int64)
     for i, ((design, _), starts) in enumerate(zip(designs, refits)):
         k = len(design)
-        x[i, :k], y[i, :k] = design[list(har_data.HAR)].to_numpy(), design["y"].to_numpy()
+        x[i, :k], y[i, :k] = design[list(HAR)].to_numpy(), design["y"].to_numpy()
         dates[i, :k], rows[i, : len(starts)] = design.index.values, list(starts)
     return Windows(np.array(list(assets)), x, y, dates, np.array([len(d) for d, _ in designs]), rows, every)
 
