@@ -13,9 +13,10 @@ OLS_BAND_PERCENTILE = 99.9
 OLS_MSE_HARD = 0.25  # a model 25% worse than OLS on the test days has not reached it
 SLOPE_HARD = 1.0  # a stationary HAR's slopes lie in [0, 1): a slope 1 away is no estimate of it
 # `compare --converge` (`checks.converge_spec`): Adam(0.05) decayed to 0 over 2,000 steps ends at the training rows'
-# least squares up to the last steps' mini-batch noise. Measured over 300 seeds (native.jax.many) on each of the ten
-# panels of tests/compare/test_verdict.py: at most 1.7e-3 from OLS's test MSE (a short history, whose test days
-# differ most from its training days) and 4.6e-3 from its slopes; on the default data 1.6e-4 and 2.3e-3.
+# least squares up to the last steps' mini-batch noise. Over 300 seeds (native.jax.many.train_seeds, a one-off run,
+# docs/dev-notes.md) on each of the ten panels of tests/compare/test_verdict.py: at most 1.7e-3 from OLS's test MSE
+# (a short history, whose test days differ most from its training days) and 4.6e-3 from its slopes; on the default
+# data 1.6e-4 and 2.3e-3. The ten panels' converged `compare` runs (make test-full) end within 0.21 of these.
 CONVERGED_MSE_RTOL = 5e-3
 CONVERGED_SLOPE_ATOL = 1e-2
 # One fixed run, not a verdict: the lesson's first loops and the tests that train the HAR at seed 0 on the default

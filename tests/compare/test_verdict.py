@@ -17,7 +17,8 @@ from tests.tiers import FULL, rows
 
 PANELS = range(10)  # each drawn from its own seed
 ENGINES = "torch,jax"  # the engines with a many-model trainer: the band is measured, never the hard bound alone
-# Gross faults: their end is far from OLS wherever the band decides. The others ("lr-times-10": Adam(0.1) jitters
+# Gross faults: their test MSE is far from OLS's wherever the band decides (their slopes may not be: on a short
+# history the seeds' slopes spread as far as a model that learnt nothing). The others ("lr-times-10": Adam(0.1) jitters
 # around OLS as an unlucky seed does; "lr-over-10" after 40 epochs, as an unlucky start does) may end within seed
 # noise: the same-arithmetic run names every fault, to the bit.
 GROSS = ("ascent", "shuffled-target")
@@ -72,9 +73,9 @@ def test_a_planted_fault_fails_the_run_and_names_its_path(tmp_path, fault, seed)
     assert code == 1 and report["plant"] == {"path": "torch-native", "fault": fault} and "planted in" in text
     assert "same_arithmetic/torch-native" in failed  # its every run is planted, the same-arithmetic one too
     assert all(name.split("/")[1] == "torch-native" for name in failed), failed
-    judged = {c["name"] for c in report["checks"] if c["name"].startswith("ols_reached/torch-native")}
-    if fault in GROSS and judged:
-        assert judged & failed
+    judged = {c["name"] for c in report["checks"]}
+    if fault in GROSS and "ols_reached/torch-native" in judged:  # the test MSE: where its band decides
+        assert "ols_reached/torch-native" in failed
 
 
 def test_the_band_is_the_seeds_percentile_and_a_wide_band_cannot_decide(ols_fit):
