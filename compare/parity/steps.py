@@ -182,7 +182,9 @@ def own_step(spec: str, optimizer: str | None, model, x, y, cfg: TrainConfig, re
 def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
     """`step(model, optimizer, x, y) -> loss`, the optimizer Keras-exact for the spec (`native.torch.optim`); it
     clips inside `optimizer.step()` where the spec clips, as Keras's optimizers do, and its schedule is stepped after
-    each call. `own(params)`: the user's optimizer instead, with no schedule or clip of ours."""
+    each call (the step is given no scheduler). `own(params)`: the user's optimizer instead, with no schedule or
+    clip of ours. Nothing else is done for the step: a step that leaves out `optimizer.zero_grad()` accumulates its
+    gradients, as it would in the user's codebase."""
     import torch
 
     from native.torch import optim
@@ -209,8 +211,6 @@ def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
         return torch.as_tensor(a, device=device)
 
     for k, (xb, yb) in enumerate(steps, 1):
-        for v in variables:
-            v.grad = None  # what the step computes is its gradient, never a stale one
         seen.update(grads=None, stepped=False)
         loss = step(model, optimizer, tensors(xb), tensors(yb))
         if scheduler:

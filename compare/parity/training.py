@@ -42,8 +42,9 @@ CAUSES = {
                "engine), or another dtype",
     "loss": "equal outputs, another loss: a reduction (a sum, a mean over another axis, the short last batch), "
             "model.losses (the regularizers) left out, the model called without training=True, or another loss",
-    "gradient": "equal loss, another gradient: a custom gradient, a stop_gradient, the gradient of another objective, "
-                "or gradients changed (clipped, scaled) before they are returned",
+    "gradient": "equal loss, another gradient: gradients accumulated over steps (torch: optimizer.zero_grad() left "
+                "out), a custom gradient, a stop_gradient, the gradient of another objective, or gradients changed "
+                "(clipped, scaled) before they are returned",
     "update": "equal gradients, another update: an optimizer convention (Adam's epsilon inside or outside the bias "
               "correction, the momentum form, where the clip applies, a schedule's step count) or another "
               "hyperparameter; native.<engine>.optim has Keras's rule in each engine's optimizer API; a weight's "
@@ -119,8 +120,10 @@ def assert_loop_matches_fit(build_model, train_step, x, y, *, engine: str, spec=
 
     `train_step` is importable ("module:function", or a function at module top level), on the engine's terms:
         torch:      step(model, optimizer, x, y) -> loss. The optimizer is the spec's, Keras-exact, as a
-                    torch.optim.Optimizer (`native.torch.optim`); it clips inside `step()` where the spec clips, and
-                    its schedule is stepped after each call. The gradients your step leaves in `.grad` are compared.
+                    torch.optim.Optimizer (`native.torch.optim`); it clips inside `step()` where the spec clips, as
+                    Keras's optimizer does, and its schedule is stepped after each call (your step is given no
+                    scheduler). Nothing else is done for your step: it zeroes its own gradients. The gradients it
+                    leaves in `.grad` are compared.
         jax:        make_step(model, optimizer) -> step(state, x, y) -> (state, loss) or (state, loss, grads), pure,
                     over `model.stateless_call`; state is (trainable, non_trainable, opt_state) and the optimizer the
                     spec's Keras-exact optax transform (`native.jax.optim`). The step is jitted here.

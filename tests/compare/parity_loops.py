@@ -16,6 +16,16 @@ def torch_step_without_model_losses(model, optimizer, x, y):
     return loss
 
 
+def torch_step_without_zero_grad(model, optimizer, x, y):
+    """Planted fault: the gradients are never zeroed, so each step applies the sum of every step's so far."""
+    import torch
+
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y) + sum(model.losses)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def torch_adam(params):
     """Planted fault, as a user's optimizer: torch's stock Adam with the spec's numbers; its epsilon is added after
     the bias correction, where Keras adds it before."""

@@ -135,6 +135,15 @@ def test_a_loss_without_model_losses_is_named(loop_parity):
     assert "model.losses" in report["likely cause"]
 
 
+def test_a_step_that_never_zeroes_its_gradients_is_named(loop_parity):
+    """The fixture does not zero the gradients for the step (it did, so this fault passed): they accumulate, and the
+    second step's gradient is the first that differs."""
+    report = failure(loop_parity, parity_models.regularized, parity_loops.torch_step_without_zero_grad, X, Y,
+                     engine="torch", **FAST)
+    assert report["first stage"].startswith("first stage that differs: gradient"), report
+    assert "zero_grad() left out" in report["likely cause"]
+
+
 def test_the_documented_report_is_this_codes():
     """docs/parity.md reads a report line by line, and the README quotes it: both are what the code prints, in a
     worker of its own, as a reader's first check runs (a worker that has run other checks first printed the last
