@@ -44,7 +44,7 @@ def _train_options(p: argparse.ArgumentParser, default: str = str(TrainConfig.ep
 
 
 def _path(text: str) -> str:
-    """A path option's value; an empty one names nothing (it was read as the default, or as '.')."""
+    """A path option's value; an empty one names nothing (rather than standing for the default, or for '.')."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no path; give one, or leave the option out")
     return text

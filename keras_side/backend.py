@@ -85,7 +85,7 @@ def own_keras_home() -> Path:
 # JAX's persistent compilation cache (JAX's docs: "Persistent compilation cache"): what XLA compiled, kept on disk,
 # so that a later process compiling the same program loads it instead. JAX keys an entry on the program, the compile
 # options, the XLA flags, the versions and the device, so a hit is the executable a compile would give. Every
-# compile is kept: JAX keeps only those over a second unless told, and ours take 0.05 to 1 s. Past the size the
+# compile is kept: JAX keeps only those over a second unless told, and ours mostly take less. Past the size the
 # least recently used entries go, and with a size JAX also locks the folder, which our processes share.
 JAX_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 JAX_CACHE_MAX_BYTES = 256 * 2**20

@@ -45,8 +45,9 @@ def seed_everything(seed: int, threads: int = THREADS) -> None:
 def _keras_seed_without_tensorflow(seed: int, backend: str) -> None:
     """`keras.utils.set_random_seed` (Keras 3.15.1's, step for step: tested) but for its `tf.random.set_seed`, for
     which it imports TensorFlow whenever TensorFlow is installed, whatever the backend (for tf.data pipelines, it
-    says). A torch or JAX process of ours has no TensorFlow in it, and the import cost each one ~3 s of CPU and
-    ~400 MB; a process that has imported TensorFlow gets Keras's own call."""
+    says). A torch or JAX process of ours has no TensorFlow in it, whose import would cost each one several seconds of
+    CPU and hundreds of MB (docs/dev-notes.md, "`make compare`: where a run's time went"); a process that has imported
+    TensorFlow gets Keras's own call."""
     if not isinstance(seed, int):
         raise ValueError(f"Expected `seed` argument to be an integer. Received: seed={seed} (of type {type(seed)})")
     internals.reset_global_seed(seed)  # keras.random's unseeded draws start afresh

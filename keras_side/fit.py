@@ -51,7 +51,8 @@ class NumpyOrder(keras.utils.PyDataset):
     order every path of a same-arithmetic run takes), the short batch last, as one endless stream that `fit` reads
     `steps` batches an epoch from: batch `k` is batch `k % steps` of epoch `k // steps`, whoever asks and whenever
     (tf.data fetches ahead, across the epoch's end). One `fit` call traces its step once: forty calls, one an
-    epoch, cost TensorFlow's `fit` 4.4 s against 2.4, each call setting up its data and its step afresh."""
+    epoch, would each set up its data and its step afresh, a large share of TensorFlow's `fit` time (measured in
+    docs/dev-notes.md, "`make compare`: where a run's time went")."""
 
     def __init__(self, data: HarData, cfg: TrainConfig):
         super().__init__()

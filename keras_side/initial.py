@@ -9,7 +9,8 @@ unseeded (Keras's defaults: `glorot_uniform`, `orthogonal`...) draws anew for ev
 (seed, variable); one the user seeded draws the same weights for every seed, as building the model again would.
 A Dropout's (or any layer's) seed generator starts at its own seed per model, so each draws its own masks.
 
-Why not build the model once per seed: a build costs about 50 ms (10 s for 200 seeds), the draws a few ms in all.
+Why not build the model once per seed: a build costs far more than every seed's draws together (measured in
+docs/seeds.md, "The many-model trainers").
 Variables are noted as Keras creates them: `keras.Variable.__init__` sees each one's initializer, which the
 variable forgets once it holds its value.
 """

@@ -43,8 +43,8 @@ def verb_loss(loss, mse, y, pred, mean):
     """`grad_at`'s batch loss: `mean(loss(y, pred))` for a loss of the caller's, which gets the targets and
     predictions as they are; a loss of the spec's by name (`"mae"`, `"huber"`, a `"module:function"`: `LOSSES`), or
     else the engine's `mse`, as `compile` takes one loss for several outputs, each output's mean, summed (the
-    default failed on a list of predictions)."""
-    if isinstance(loss, str):  # a name was "'str' object is not callable"
+    default takes one output's predictions, not a list)."""
+    if isinstance(loss, str):  # a name is looked up: called as given, it would be "'str' object is not callable"
         mse = keras_loss(TrainConfig(loss=loss))
     elif loss is not None:
         return mean(loss(y, pred))

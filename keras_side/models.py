@@ -216,7 +216,8 @@ def ensure_built(model: keras.Model, x) -> keras.Model:
                         "(a layer goes in keras.Sequential([...]))")
     if not model.built or not model.weights:
         # The call may draw (an RNN's dropout draws in inference too): the seed states of the weights there were
-        # before it, as they were (a wrapper around a built model, `fit.Wrapped`, drew its masks one draw late).
+        # before it, as they were (else a wrapper around a built model, `fit.Wrapped`, would draw its masks one draw
+        # late).
         kept = [(v, keras.ops.convert_to_numpy(v.value)) for v in model.non_trainable_variables]
         model(keras_inputs(take(x, slice(0, 1))))
         for variable, value in kept:

@@ -1,8 +1,8 @@
 """Float64 end to end, for gradient checks against the float64 formula.
 
 A float64 dtype policy alone is not enough: `keras.Input` takes its dtype from `floatx`, not from the policy, so
-a Sequential or Functional model would round its inputs to float32 before a float64 `Dense` ever sees them (that
-was the 5e-9 on JAX). `float64()` sets both, and JAX's x64 switch. What is left on torch is upstream: Keras
+a Sequential or Functional model would round its inputs to float32 before a float64 `Dense` ever sees them (a 5e-9
+gap on JAX). `float64()` sets both, and JAX's x64 switch. What is left on torch is upstream: Keras
 3.15.1's `result_type` maps float64 to float32 on every backend but TensorFlow (`BIT64_TO_BIT32_DTYPE` in
 keras/src/backend/common/dtypes.py), so `ops.matmul` and `ops.add` compute in float32 (keras-team/keras#23704).
 """

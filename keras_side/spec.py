@@ -121,7 +121,8 @@ class TrainConfig:
 
     def __new__(cls, *args, **fields):
         """A name that is not a field is the SpecError of `from_dict`, naming the nearest field (`TrainConfig(lr=0.1)`
-        was the dataclass's TypeError "unexpected keyword argument 'lr'")."""
+        asks "did you mean 'learning_rate'?", where the dataclass's TypeError says only "unexpected keyword argument
+        'lr'")."""
         _known_fields(fields)
         return super().__new__(cls)
 
@@ -205,7 +206,7 @@ def data_parallel_config(fields: str | dict) -> TrainConfig:
 
 def _type_problems(c: TrainConfig):
     """A field of the wrong kind (a JSON `"0.1"` for a number, `"mae"` for a tuple of metrics), named as the other
-    problems are: each was a TypeError from a comparison further on (or a metric list of 'm', 'a', 'e')."""
+    problems are: else each would be a TypeError from a comparison further on (or a metric list of 'm', 'a', 'e')."""
     for f in dataclasses.fields(c):
         value, kind = getattr(c, f.name), f.type.removesuffix(" | None")
         if value is None and f.type.endswith(" | None"):
@@ -231,7 +232,7 @@ def _sequence(value) -> bool:
 def _of_kind(v, kind: str) -> bool:
     if kind == "tuple[str, ...]":
         return isinstance(v, str)
-    number = isinstance(v, numbers.Real) and not isinstance(v, bool)  # 10.7 is no boundary: it was cut to 10
+    number = isinstance(v, numbers.Real) and not isinstance(v, bool)  # 10.7 is no boundary: `int` cuts it to 10
     return number and (kind == "tuple[float, ...]" or isinstance(v, numbers.Integral) or float(v).is_integer())
 
 
@@ -240,7 +241,8 @@ def _problems(c: TrainConfig):
     whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (c.epochs, c.batch_size))
     if not whole or c.epochs < 1 or c.batch_size < 1:
         yield f"epochs and batch_size must be whole numbers >= 1, got {c.epochs!r} and {c.batch_size!r}"
-    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < SEEDS:  # was NumPy's ValueError
+    # a bad seed is one of the spec's problems here, not NumPy's ValueError later
+    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < SEEDS:
         yield f"seed must be a whole number from 0 to 2**32 - 1 (NumPy's and JAX's seeds), got {c.seed!r}"
     if c.batch_order not in ("engine", "numpy"):
         yield f"batch_order must be 'engine' or 'numpy', got {c.batch_order!r}"
@@ -348,7 +350,7 @@ def resolve(spec: str):
                         "from here (on PYTHONPATH)") from None
     try:
         return getattr(imported, name)
-    except AttributeError:  # was the AttributeError, with a traceback from every launched process
+    except AttributeError:  # one line, not the AttributeError with a traceback from every launched process
         raise SpecError(f"{spec!r}: module {module!r} has no {name!r}; give module:function") from None
 
 

@@ -44,8 +44,8 @@ PATHS["jax-native-scan"] = Path("jax-native-scan", "jax", "native.jax.scan")
 # wrapper bypassed where it has nothing to do, and the step through `torch.compile`.
 PATHS["torch-native-fast"] = Path("torch-native-fast", "torch", "native.torch.fast")
 PATHS["torch-native-compile"] = Path("torch-native-compile", "torch", "native.torch.fast", {"compile": True})
-# The fast loop with torch's stock optimizer (`flavour="engine"`): what the loop ran before its optimizer was
-# Keras-exact, timed beside it by the bench.
+# The fast loop with torch's stock optimizer (`flavour="engine"`), timed beside it by the bench: what the
+# Keras-exact optimizer costs.
 PATHS["torch-native-engine"] = Path("torch-native-engine", "torch", "native.torch.fast", spec={"flavour": "engine"})
 PATHS["torch-native-compile-engine"] = Path("torch-native-compile-engine", "torch", "native.torch.fast",
                                             {"compile": True}, {"flavour": "engine"})

@@ -30,11 +30,11 @@ from keras_side.zoo import ZOO
 
 WORKER = ("-m", "compare.engines.worker")  # test seam: tests point this at a worker that misbehaves on purpose
 # Each worker asks for one thread (keras_side.determinism.THREADS; JAX: XLA_ONE_THREAD, which holds only Eigen: XLA's
-# own runtime may use a second core, so the timed commands pin instead: keras_side.cores). A full compare on 2 cores:
-# one worker at a time 41-43 s, two at a time 33-34 s, all three at once 32 s.
+# own runtime may use a second core, so the timed commands pin instead: keras_side.cores). A full compare on 2 cores
+# ends soonest with all three workers at once (docs/dev-notes.md, "Measurements once quoted in the code").
 JOBS = 3
-# (It also held `intra_op_parallelism_threads=1`, the folklore of jax-ml/jax#743, which is no XLA flag: XLA read no flag
-# after it, and without it the thread count and CPU time are the same, measured.)
+# (Not `intra_op_parallelism_threads=1`, the folklore of jax-ml/jax#743: it is no XLA flag, XLA reads no flag after it,
+# and it changes neither the thread count nor the CPU time, measured.)
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 # A worker that sends nothing for this long is stopped and its engine fails, so a hung engine or `build_model`
 # cannot hang a run. The longest silence measured in our own requests is a few seconds (the walk-forward). The

@@ -186,7 +186,7 @@ def seeds(request: dict, send) -> dict:
                  test_loss=np.array([_spec_test_loss(cfg, data, p) for p in per_model]),
                  **named("w", trained["trainable"]))
         found |= {"seconds": trained["seconds"], "compile_seconds": trained["compile_seconds"]}
-        # done: the bar's last frame said 0/1 after every check had passed
+        # done: else the bar's last frame says 0/1 after every check has passed
         send(event="progress", engine=ENGINE, path=f"{len(request['seeds'])} seeds", stage="seeds", epoch=1, epochs=1)
     if request.get("fit"):  # the engine's default run: fit, at the run's seed
         send(event="progress", engine=ENGINE, path=f"keras-{ENGINE}", stage="train", epoch=0, epochs=1)
@@ -253,7 +253,7 @@ def main() -> None:
     os.dup2(2, 1)  # stray prints from any library land on stderr, not in the protocol
     serve(sys.stdin, protocol)
     sys.stderr.flush()
-    os._exit(0)  # every file is written and closed; skip the engines' slow interpreter teardown (~1 s each)
+    os._exit(0)  # every file is written and closed; skip the engines' slow interpreter teardown
 
 
 if __name__ == "__main__":

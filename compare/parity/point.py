@@ -79,7 +79,7 @@ def assert_forward_match(build_model, x, *, engines=None, rtol: float = toleranc
 def _run(request, x, y, engines, seed, weights, pool, kind, rtol, atol):
     wanted = check_engines(engines or installed_engines())
     check_tolerances(rtol, atol)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:  # was NumPy's TypeError
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:  # not NumPy's TypeError
         raise ParityError(f"seed must be a whole number >= 0, got {seed!r}")
     xs, (y,), _ = examples(x, np.asarray(y))  # bad data is one ParityError before any worker starts
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:

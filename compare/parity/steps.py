@@ -49,7 +49,8 @@ def _data(x, y) -> HarData:
 
 def _fresh(build, x, seed: int) -> keras.Model:
     # A long-lived worker: restart Keras's layer names, so weight paths read the same. Without a garbage collection,
-    # which costs ~0.2 s a call in a process that holds an engine (Python collects in its own time).
+    # which is slow in a process that holds an engine (docs/parity.md, "How long a check takes"; Python collects in
+    # its own time).
     keras.backend.clear_session(free_memory=False)
     seed_everything(seed)
     return ensure_built(build(), x)
@@ -218,7 +219,7 @@ def _own_torch(step, spec, own, model, steps, cfg, record) -> None:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(f"{spec} returned {type(loss).__name__}; a torch step returns the batch loss (a scalar "
                             "tensor)")
-        if not seen["stepped"]:  # it was told as a gradient not observable and an optimizer convention
+        if not seen["stepped"]:  # or the report would blame an unobservable gradient and an optimizer convention
             raise TypeError(f"{spec} did not call optimizer.step() in step {k}: a torch step applies its gradient "
                             "with the optimizer it is given, step(model, optimizer, x, y)")
         record(loss.detach(), seen["grads"])
@@ -262,7 +263,7 @@ def _own_tensorflow(make_step, spec, own, model, steps, cfg, record) -> None:
     for xb, yb in steps:
         out = step(tf.nest.map_structure(tf.constant, keras_inputs(xb)), tf.nest.map_structure(tf.constant,
                                                                                                keras_inputs(yb)))
-        if isinstance(out, (tuple, list)) and len(out) != 2:  # was "too many values to unpack (expected 2)"
+        if isinstance(out, (tuple, list)) and len(out) != 2:  # rather than "too many values to unpack (expected 2)"
             raise TypeError(f"{spec}'s step returned {len(out)} values; a TensorFlow step returns the loss, or "
                             "(loss, grads)")
         loss, grads = out if isinstance(out, (tuple, list)) else (out, None)
@@ -304,7 +305,7 @@ def parity(request: dict, send) -> dict:
         xs = [a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a for a in xs]
         y = y.astype(np.float64)
     x = xs[0] if len(xs) == 1 else tuple(xs)
-    keras.backend.clear_session(free_memory=False)  # fresh layer names, so weights read the same; no gc (~0.2 s)
+    keras.backend.clear_session(free_memory=False)  # fresh layer names, so weights read the same; no gc (slow here)
     with float64() if exact else contextlib.nullcontext():
         model = models.ensure_built(build(), x)
         variables = model.trainable_weights

@@ -119,7 +119,7 @@ def train_cells(request: dict, send) -> dict:
                               **entry.spec, **OPTIMIZERS[optimizer])
 
             def trained(train, cfg=cfg):
-                keras.backend.clear_session(free_memory=False)  # the same layer names; no gc (~0.2 s a call)
+                keras.backend.clear_session(free_memory=False)  # the same layer names; no gc (slow here)
                 seed_everything(cfg.seed)
                 model = ensure_built(entry.builder()(), data.x_train)
                 result = train(model, data, cfg)

@@ -5,13 +5,12 @@
         pred, _ = model.stateless_call(trainable, non_trainable, x)
 
 XLA's CPU convolution is slow, forward and for the kernel's gradient: written as one matmul over the input's patches,
-the zoo's `Conv1D(4, 5)` over 22 days trains twice as fast in the fused scan (`native-loops bench --models conv1d`,
-alternating runs before and after: 140 and 151 ms against 75 and 76; docs/dev-notes.md, "The Conv1D as a matmul in JAX";
-openxla/xla#34273 is a related report, a convolution 30 times slower than PyTorch's). The patches are what a GEMM-based
-convolution builds ("im2col"): row t holds the `width` input rows that output t reads, each channel of each, so output t
-is that row times the flattened kernel, every filter at once. It is the same products, summed in another order: within
-`CONV_AS_MATMUL_RTOL` of XLA's convolution, outputs and gradients (tested), not its bits. The patches hold `width`
-copies of the input, as a GEMM-based convolution's do.
+the zoo's `Conv1D(4, 5)` over 22 days trains markedly faster in the fused scan (measured in docs/dev-notes.md, "The
+Conv1D as a matmul in JAX"; openxla/xla#34273 is a related report, XLA's CPU convolution against PyTorch's). The
+patches are what a GEMM-based convolution builds ("im2col"): row t holds the `width` input rows that output t reads,
+each channel of each, so output t is that row times the flattened kernel, every filter at once. It is the same
+products, summed in another order: within `CONV_AS_MATMUL_RTOL` of XLA's convolution, outputs and gradients (tested),
+not its bits. The patches hold `width` copies of the input, as a GEMM-based convolution's do.
 
 `as_matmuls()` puts `conv1d_as_matmul` in place of Keras's JAX convolution (`keras.src.backend.jax.nn.conv`, through
 `keras_side.internals`, which
@@ -88,7 +87,8 @@ def _applies(inputs, kernel, stride, padding, data_format, dilation) -> bool:
 def stateless_call(model, *args, **kwargs):
     """Keras's `model.stateless_call`, its 1-D convolutions as matmuls (`as_matmuls`): how every JAX trainer of
     this package calls the model, so that training, gradients and predictions compute a convolution alike. A model
-    whose `call` takes no `training` is called without it, as Keras's JAX trainer calls it (it was a TypeError)."""
+    whose `call` takes no `training` is called without it, as Keras's JAX trainer calls it (the flag would be a
+    TypeError)."""
     if not has_training_arg(model):
         kwargs.pop("training", None)
     with as_matmuls():

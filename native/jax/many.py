@@ -176,9 +176,9 @@ def seed_orders(cfg: TrainConfig, seeds, n: int) -> np.ndarray:
     """(seeds, epochs, n): the batch orders `loop.train` draws with each seed, bit for bit.
 
     `loop.batch_orders` draws an epoch's order with `jax.random.permutation`, which sorts the rows by fresh 32-bit
-    random keys, stably, in a few rounds. Here the same keys come from `jax.random` and NumPy does the sorts: for
-    the 4,000 orders of compare's 100 seeds, XLA's CPU sort of keys with their rows took 3.6 s (a third of JAX's
-    share of `make compare`), this 1.4 s in all. Tested equal to `loop.batch_orders`."""
+    random keys, stably, in a few rounds. Here the same keys come from `jax.random` and NumPy does the sorts: XLA's
+    CPU sort of keys with their rows is slow, a large share of JAX's part of `make compare` for its 100 seeds
+    (docs/dev-notes.md, "`make compare`: where a run's time went"). Tested equal to `loop.batch_orders`."""
     configs = [cfg.replace(seed=int(s)) for s in seeds]  # each seed checked as the loop's spec checks it
     if cfg.batch_order == "numpy":  # the orders NumPy draws for every engine
         return np.stack([np.asarray(loop.batch_orders(c, n)) for c in configs])

@@ -35,9 +35,9 @@ def make_step(model, loss_fn, optimizer, metrics: EpochMetrics, arrays: tuple):
     (`step.total`) are updated in its graph, as `fit`'s `train_step` updates its metrics.
 
     Where torch's step takes the batch, `step(x, y, sample_weight)`, this one takes the batch's row numbers and
-    gathers the batch in its graph, from the training arrays held there as constants: TensorFlow's dispatch costs
-    tens of µs for every eager op and for every array a `tf.function` takes, a large share of a small model's step,
-    and a step fed the batch's arrays trains the HAR markedly slower."""
+    gathers the batch in its graph, from the training arrays held there as constants: TensorFlow's dispatch charges
+    every eager op and every array a `tf.function` takes, a large share of a small model's step, and a step fed the
+    batch's arrays trains the HAR markedly slower (docs/dev-notes.md, "TensorFlow: eager ops around the step")."""
     x, y, w = (None if a is None else tf.nest.map_structure(tf.constant, a) for a in arrays)
     total = tf.Variable(0.0, trainable=False)
 

@@ -71,8 +71,9 @@ def own_graph(model) -> bool:
 def _through_graph(model, x, training: bool, bare: bool = True, masks: list | None = None):
     """`Functional.call`: the inputs standardized and the graph run node by node by Keras's own runner
     (`_run_through_graph`), with Keras's `operation_fn` (the training flag to every layer that takes it) but, when
-    `bare`, a layer's `call` where its wrapper has nothing to do. two_horizons's eager step, 780 -> 474 µs (bench
-    runs). `masks`: the Dropouts' masks `Draws` drew, taken in the runner's order, the order `Draws` found."""
+    `bare`, a layer's `call` where its wrapper has nothing to do, which shortens a Functional model's eager step as
+    it does a Sequential one's (docs/dev-notes.md, "Measurements once quoted in the code"). `masks`: the Dropouts'
+    masks `Draws` drew, taken in the runner's order, the order `Draws` found."""
     def operation(op):
         keras_call = internals.keras_operation(op, training)
 
@@ -117,14 +118,13 @@ def in_order(model) -> list[tuple[keras.Layer, bool]] | None:
     else None.
 
     `Sequential.__call__` runs its layers through the Functional graph runner (inputs standardized, flattened and
-    packed through torch's pytree, node by node): on torch that costs 100 to 150 µs a call, more than a `Dense`
-    layer's own `__call__` (tested: 194 against 90 µs for the HAR's forward). Keras's own `Sequential.call` falls
-    back to the layers in order when it has no graph; so does this, each layer through its own `Layer.__call__`
-    (training flag, autocast, masks on the tensors, activity regularizers) or, when that has nothing to do, its
-    `call` (`_bare`), bit-identical (tested on the zoo). A layer that holds layers but takes no `training` would lose
-    the flag its inner layers read from the model's call, so such a model is called whole, as is a Sequential
-    subclass with a `call` of its own, and a model whose own `__call__` has work to do (a torch hook on it, an
-    activity regularizer of its own)."""
+    packed through torch's pytree, node by node): on torch that costs more than a `Dense` layer's own `__call__`
+    (docs/dev-notes.md, "Measurements once quoted in the code"). Keras's own `Sequential.call` falls back to the layers
+    in order when it has no graph; so does this, each layer through its own `Layer.__call__` (training flag, autocast,
+    masks on the tensors, activity regularizers) or, when that has nothing to do, its `call` (`_bare`), bit-identical
+    (tested on the zoo). A layer that holds layers but takes no `training` would lose the flag its inner layers read
+    from the model's call, so such a model is called whole, as is a Sequential subclass with a `call` of its own, and a
+    model whose own `__call__` has work to do (a torch hook on it, an activity regularizer of its own)."""
     if (not isinstance(model, keras.Sequential) or type(model).call is not keras.Sequential.call
             or type(model).__call__ is not keras.Sequential.__call__ or not internals.has_graph(model)):
         return None  # with no graph (no Input) `model(x)` already calls the layers in order
@@ -153,13 +153,13 @@ def _call(layer, x, training: bool):
 def _bare(layer, x) -> bool:
     """Calling `layer.call(x)` is calling `layer(x)`: everything `Layer.__call__` does around `call` has nothing to
     do. That wrapper (with torch's `nn.Module.__call__` and Keras's traceback filter inside it) costs a built
-    `Dense` 70-80 µs on torch, where its `call` costs 45 (the HAR's eager step: ~330 -> ~200 µs). It has nothing to
-    do for one of Keras's own layers (whose `call` adds no loss) when: the layer is built and holds no layers (none
-    reads `training` from a call context); it has no activity regularizer and holds no loss (which the wrapper would
-    clear: one left from an earlier call or an `add_loss` outside it), no rematerialization or quantized call,
-    no torch hook; its input carries no mask and it makes none (`_makes_no_mask`); its `call` takes only `training`
-    and a `mask` that is None by default; and the input already has the dtype the layer computes in, which is the
-    dtype of its weights (no cast, no autocast scope). Else the layer is called as Keras calls it."""
+    `Dense` on torch more than its `call` does (docs/dev-notes.md, "torch: Keras's per-call Python was the step"). It
+    has nothing to do for one of Keras's own layers (whose `call` adds no loss) when: the layer is built and holds no
+    layers (none reads `training` from a call context); it has no activity regularizer and holds no loss (which the
+    wrapper would clear: one left from an earlier call or an `add_loss` outside it), no rematerialization or quantized
+    call, no torch hook; its input carries no mask and it makes none (`_makes_no_mask`); its `call` takes only
+    `training` and a `mask` that is None by default; and the input already has the dtype the layer computes in, which is
+    the dtype of its weights (no cast, no autocast scope). Else the layer is called as Keras calls it."""
     return (_bare_class(type(layer)) and not internals.sublayers(layer) and idle_wrapper(layer, x)
             and _makes_no_mask(layer, x))
 
@@ -168,8 +168,9 @@ def _makes_no_mask(layer, x) -> bool:
     """For an input without a mask, `Layer.__call__` puts a mask on the output only when the layer supports masking
     and its `compute_mask(x, None)` returns one: `Layer`'s own passes the input's (None) on, a global pooling's
     returns None, an `Embedding(mask_zero=True)` or a `Masking` makes one (and is called through Keras). Asked per
-    call: a mask may depend on the input's values (0.1 µs for a pooling's; its wrapper costs 50). A mask that `call`
-    puts on its output itself (as `Masking`'s does) stays there either way."""
+    call: a mask may depend on the input's values, and asking costs a pooling far less than its wrapper would
+    (docs/dev-notes.md, "Measurements once quoted in the code"). A mask that `call` puts on its output itself (as
+    `Masking`'s does) stays there either way."""
     return (type(layer).compute_mask is keras.Layer.compute_mask or not layer.supports_masking
             or layer.compute_mask(x, None) is None)
 
@@ -206,9 +207,9 @@ def _lstm(layer, x, training: bool):
     own weights: the kernels transposed (views, so the gradients reach the Keras variables) and the one Keras bias
     as torch's input bias, its recurrent bias zero. With oneDNN off for the call, torch's CPU LSTM is ATen's cell,
     op for op what Keras's loop does (the same matmuls, the gates in the same order), so the outputs and gradients
-    are Keras's to the bit (tested), in C++ rather than Keras's Python. The zoo LSTM's forward and backward, 2.4 ->
-    1.7 ms (its eager step in the bench, 3.0 -> 2.1 ms, 2.0× `fit`); oneDNN's fused LSTM takes 0.5 ms but rounds
-    differently (4e-8 on the first forward), so it is left off."""
+    are Keras's to the bit (tested), in C++ rather than Keras's Python, and faster (docs/dev-notes.md, "The LSTM in
+    the eager torch loop"); oneDNN's fused LSTM is faster still but rounds differently (4e-8 on the first forward), so
+    it is left off."""
     cell = layer.cell
     outputs, last = lstm_op(x, cell.kernel.value, cell.recurrent_kernel.value,
                             cell.bias.value if cell.use_bias else None, training)

@@ -105,8 +105,9 @@ def guards_skipped():
     """torch's stance that checks only the guards that tell its compiled graphs apart (`skip_guard_eval_unsafe`).
 
     Before running a compiled graph dynamo checks every assumption it traced under, here every Keras attribute the
-    forward read (the layers' flags, dtype policies, Keras's global state): 30 µs of the HAR's 200 µs compiled step
-    (entering the stance around each call would cost as much again, so the loop enters it once an epoch). "Unsafe"
+    forward read (the layers' flags, dtype policies, Keras's global state): a sizeable share of a small model's
+    compiled step (docs/dev-notes.md, "Measurements once quoted in the code"; entering the stance around each call
+    would cost as much again, so the loop enters it once an epoch). "Unsafe"
     means two things. A change that would need a new graph (a shape, a dtype) is an error, not a recompile. And a
     Python value a graph read (a layer's attribute, a float) is no longer checked: changed, the old graph runs on.
     The loop enters it after the first epoch has compiled every batch shape of the run, only when that epoch traced
@@ -134,13 +135,13 @@ def compiled_gradient(model, loss_fn, draws: Draws | None = None):
     backward compiled in one graph (`compiled_grad` of a call under Keras's `StatelessScope`, which maps each
     variable to the value given and collects the regularizers' losses; the model called as `fit` calls it, through
     its `__call__`). Compiling the loss alone and calling `backward` on it runs the compiled backward through
-    autograd's engine, between two compiled-autograd wrappers, about twice the time (docs/dev-notes.md). Tested equal to
-    the eager loop. The variables stay the `nn.Module`'s parameters that the optimizer steps. A step that cannot be
-    one graph (a custom layer drawing unseeded random numbers, whose state the scope would not keep) is refused at
-    its first batch (`SpecError`): train it with `compile=False`. A variable the objective never reaches gets no
-    gradient (None, found by autograd at the first batch), as in `fit`, whose optimizer skips it: `torch.func.grad`
-    would give it zeros, which a weight decay would then shrink. With `draws`, the Dropouts' masks are drawn before
-    each step and the graph takes them as inputs, the model called layer by layer (`forward`)."""
+    autograd's engine, between two compiled-autograd wrappers, and is slower (docs/dev-notes.md, "torch compiled: the
+    gradient in one graph"). Tested equal to the eager loop. The variables stay the `nn.Module`'s parameters that
+    the optimizer steps. A step that cannot be one graph (a custom layer drawing unseeded random numbers, whose state
+    the scope would not keep) is refused at its first batch (`SpecError`): train it with `compile=False`. A variable the
+    objective never reaches gets no gradient (None, found by autograd at the first batch), as in `fit`, whose optimizer
+    skips it: `torch.func.grad` would give it zeros, which a weight decay would then shrink. With `draws`, the Dropouts'
+    masks are drawn before each step and the graph takes them as inputs, the model called layer by layer (`forward`)."""
     variables = model.trainable_variables
 
     def objective(values, xb, yb, wb, masks):

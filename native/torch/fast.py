@@ -67,7 +67,7 @@ def _probe(model, x, device) -> tuple:
 def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, sample_weight=None, masks=()):
     """`(loss, outputs)`: the objective `fit` minimizes, the spec's loss on the batch plus every loss the model adds
     (kernel, bias and activity regularizers, `add_loss`), which Keras collects in `model.losses` during the call.
-    `regularized=False` says the model has none, and skips asking (a few µs a step)."""
+    `regularized=False` says the model has none, and skips asking, which every step would pay for."""
     outputs = forward(model, x, training=training, masks=masks)
     loss = loss_fn(y, outputs, sample_weight)
     extra = model.losses if regularized else ()

@@ -72,8 +72,8 @@ class KerasModule(torch.nn.Module):
 
     - `parameters()` in `model.variables` order, in this module and in any module that holds it. Keras registers
       its weights sorted by their auto-numbered paths ("dense_10" before "dense_9"), so another process that built
-      other models first, or a `copy.deepcopy`, had another order: an optimizer's state resumed onto the wrong
-      tensors, and `AveragedModel` (EMA) paired the wrong ones.
+      other models first, or a `copy.deepcopy`, would have another order: an optimizer's state would resume onto the
+      wrong tensors, and `AveragedModel` (EMA) pair the wrong ones.
     - `state_dict()` under stable keys (`stable_keys`), loadable in any process.
     - `train()` / `eval()` reach the Keras model as its `training` flag (Dropout, BatchNorm).
     - `.losses`: the model's own losses (regularizers, `add_loss`) of the last forward, to add to the loss.

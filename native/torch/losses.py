@@ -36,7 +36,8 @@ def spec_loss(cfg: TrainConfig, same_rank: bool):
 
     Keras's per-sample loss (`Loss.call`) also shapes the targets as `fit` does ((n,) against (n, 1)). When they
     already have the outputs' rank, MSE, MAE and the cross-entropy from logits are written in torch: the same numbers
-    without Keras's per-call dispatch, which costs the eager step ~80 µs (a sixth of it) forward and backward.
+    without Keras's per-call dispatch, a large share of the eager step forward and backward (measured in
+    docs/dev-notes.md, beside the Keras-exact Adam).
     Several outputs: each output's loss, times its `loss_weights`, summed as `compile` combines them (Keras's losses
     and `OutputLosses` where one is not written here)."""
     table, losses = TORCH_LOGIT_LOSSES if cfg.from_logits else TORCH_LOSSES, keras_loss(cfg)

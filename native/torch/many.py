@@ -46,9 +46,8 @@ def _forward(model):
 
 
 # The compiled walk-forward's steps per call of its graph: each call pays the compiled region's wrapper and guards
-# once, whatever it holds. On the AVX2 machine of docs/dev-notes.md (582 models, 40 epochs, one run each, float32 step
-# counts then): 952 models/s with 1 step a call, 1,440 with 2, 1,783 with 4; but the compile grows with the steps
-# traced (12, 14, 22 s).
+# once, whatever it holds, so more steps a call train faster; but the compile grows with the steps traced. Two meet
+# the walk-forward's target with a compile the tests can afford (docs/dev-notes.md, "Many models at once").
 STEPS_PER_CALL = 2
 
 
@@ -60,14 +59,14 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     MSE) goes back through autograd and `torch.optim.Adam` (fused) steps. `compile=True` compiles whole steps
     instead (`_compiled_steps`): the gradient (`torch.func.grad`) and torch's Adam in its functional form in one
     graph, `STEPS_PER_CALL` steps a call, the same for every batch (all have the same shape, the last one padded).
-    The same weights as eager (tested); on the AVX2 machine of docs/dev-notes.md twice as fast as the compiled gradient
-    with the stock `Adam.step` after it (`native-loops walk-forward`: 646 to 1,294 models/s), after a compile of 10
-    to 20 s (the first epoch). `epoch_seconds` receives each epoch's wall time."""
+    The same weights as eager (tested); faster than the compiled gradient with the stock `Adam.step` after it
+    (docs/dev-notes.md, "Many models at once"), after a long compile (in the first epoch). `epoch_seconds` receives
+    each epoch's wall time."""
     x, y = torch.as_tensor(x), torch.as_tensor(y)
     if x.shape[1] >= 2 ** 24:
         raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
     # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
-    # int64 comparison made into a float mask is emulated: the step's kernel took 9 times as long (docs/dev-notes.md)
+    # int64 comparison made into a float mask is emulated, and the step's kernel far slower (docs/dev-notes.md)
     rows = torch.as_tensor(rows).to(torch.float32)
     params = [torch.as_tensor(p).clone() for p in params]
     forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
@@ -131,7 +130,7 @@ def _compiled_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
     exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     # Adam's step counts, in float64: traced, the update reads the count as a tensor and computes its bias
     # corrections in the count's dtype, where the fused kernel and `step` compute them in double. In float32 the
-    # first steps' corrections were off by about 1e-5 relative (the 582 walk-forward models after 3 epochs: 5e-6 from
+    # first steps' corrections are off by about 1e-5 relative (the 582 walk-forward models after 3 epochs: 5e-6 from
     # the eager weights; 2.4e-7 with float64 counts)
     state_steps = [torch.zeros((), dtype=torch.float64) for _ in params]
     gradient = torch.func.grad(batch_loss)

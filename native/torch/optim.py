@@ -45,7 +45,7 @@ class _Keras(torch.optim.Optimizer):
     """What every Keras-exact optimizer shares: its slots, the float32 rate and step, and the update loop.
 
     Keras computes its scalars (the rate, the step count, Adam's bias corrections) as float32 tensors, and so does
-    this, though NumPy's float32 would be ten times cheaper: torch's CPU `sqrt` is not correctly rounded in float32
+    this, though NumPy's float32 would be far cheaper: torch's CPU `sqrt` is not correctly rounded in float32
     (714 of the first 3,000 steps' `sqrt(1 − β2^t)` measured one ulp off IEEE's, where NumPy's is exact), and the
     last bit of the rate is the last bit of every weight."""
 
@@ -54,15 +54,17 @@ class _Keras(torch.optim.Optimizer):
 
     def compile(self) -> None:
         """The update through `torch.compile`: its `torch._foreach_*` calls, each a pass over every weight in eager
-        mode, become one fused kernel (the HAR's compiled step, one run: 295 -> 237 µs). The rate and the step count
-        come in as float32 tensors, so a schedule or the next step never recompiles it. Equal to the eager update
-        within float32 rounding (the fused kernel may contract a multiply and an add), not to the bit."""
+        mode, become one fused kernel, a shorter compiled step (docs/dev-notes.md, "Measurements once quoted in the
+        code"). The rate and the step count come in as float32 tensors, so a schedule or the next step never recompiles
+        it. Equal to the eager update within float32 rounding (the fused kernel may contract a multiply and an add), not
+        to the bit."""
         if self.compilable:
             self.update = torch.compile(self.update)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's `zero_grad` less its profiler label: its `record_function`, and the wrapper that keeps dynamo out,
-        cost the HAR's step 6-12 µs (of ~200) to set two gradients to None."""
+        cost a small model's step more than setting two gradients to None is worth (docs/dev-notes.md, "torch:
+        Keras's per-call Python was the step")."""
         if not set_to_none:
             return super().zero_grad(set_to_none=False)
         for group in self.param_groups:
@@ -95,7 +97,8 @@ class _Keras(torch.optim.Optimizer):
         return loss
 
     def _float32(self, name: str, value: float) -> torch.Tensor:
-        """`value` as a float32 scalar tensor, made again only when it changes (a new tensor costs a few µs)."""
+        """`value` as a float32 scalar tensor, made again only when it changes: a new tensor every step would add its
+        own dispatch to every step."""
         cache = self.__dict__.setdefault("_scalars", {})
         if name not in cache or cache[name][0] != value:
             cache[name] = (value, torch.tensor(value, dtype=F32))
