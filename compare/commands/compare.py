@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     out = out_folder(args)
     # The HAR once per seed, by each engine with a many-model trainer: ols_reached's band, and seed_noise's
     # yardstick (which sets one engine's fit against another's, so it needs two engines).
-    seeds = seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if har else ()
+    # A --quick run on one engine has neither (no band, no pair of engines): it trains no seeds.
+    wanted = har and (not args.quick or len(engines) > 1)
+    seeds = seed_noise.seeds_of(cfg.seed, seed_noise.COMPARE_SEEDS) if wanted else ()
     plant = {"path": f"{engines[0]}-native", "fault": args.plant} if args.plant else None
     with run_folder(out, ["report.json", "curves.png"] + (["slopes.png"] if ols else [])) as tmp:
         with report.progress(engines) as on_event:

@@ -233,8 +233,8 @@ def test_float64_gradients_are_judged_per_engine(float64_run_under_a_users_keras
 
 
 def test_one_engine_trains_no_seeds_that_no_check_would_read(tmp_path, capsys):
-    """seed_noise sets one engine's fit against another's: with one engine it trained 100 seeds (seconds of the run)
-    and wrote their quantiles to report.json, and no check read them. Now it says what seed_noise needs."""
+    """seed_noise sets one engine's fit against another's, and a --quick run judges no ols_reached band: with one
+    engine and --quick no check would read seeds, so none are trained, and it says what seed_noise needs."""
     code = cli.main(["compare", "--engines", "jax", "--quick", "--out", str(tmp_path / "run")])
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert code == 0 and report["seed_noise"] == {"jax": {"default": report["seed_noise"]["jax"]["default"]}}
