@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         spreads = {e: seed_noise.Spread.of_compare(outcome.engine_folder(e), results[f"keras-{e}"], prepared)
                    for e in outcome.complete} if har else {}
         band = ols_band(args, ols, spreads)
-        results, found = checks.run_all(outcome, prepared, ols, band=band, draws_randomness=entry.draws,
-                                        same_epochs=same_epochs if same_epochs < cfg.epochs else None)
+        found = checks.run_all(outcome, results, prepared, ols, band=band, draws_randomness=entry.draws,
+                               same_epochs=same_epochs if same_epochs < cfg.epochs else None)
         found += seed_noise.seed_noise(spreads, seed_noise.COMPARE_PERCENTILE)
         if ols:
             report.print_paths_table(ols, results, prepared)

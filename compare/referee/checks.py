@@ -83,15 +83,17 @@ class Band:
         return cls(tolerances.CONVERGED_MSE_RTOL, tolerances.CONVERGED_SLOPE_ATOL,
                    "converged run (--converge): the least squares up to mini-batch noise")
 
+    def measures(self) -> list[tuple[str, str, float, float]]:
+        """Each measure: (check name suffix, what it measures, the band's limit, its hard bound)."""
+        return [("", "test MSE", self.mse, tolerances.OLS_MSE_HARD),
+                ("/slopes", "slopes", self.slopes, tolerances.SLOPE_HARD)]
+
     def undecided(self) -> list[str]:
         """Why this band cannot judge a path (wider than the hard bounds: the seeds themselves end far from OLS on
         this data), one line per measure; none when it can."""
-        wide = [(what, value, bound) for what, value, bound in
-                (("test MSE", self.mse, tolerances.OLS_MSE_HARD), ("slopes", self.slopes, tolerances.SLOPE_HARD))
-                if value > bound]
-        return [f"ols_reached ({what}) not judged: the seeds end up to {value:.3g} from OLS on this data, beyond the "
-                f"hard bound {bound:g}, so a broken path could not be told from seed noise; run with --converge"
-                for what, value, bound in wide]
+        return [f"ols_reached ({what}) not judged: the seeds end up to {limit:.3g} from OLS on this data, beyond the "
+                f"hard bound {hard:g}, so a broken path could not be told from seed noise; run with --converge"
+                for _, what, limit, hard in self.measures() if limit > hard]
 
 
 def mse_distance(test_mse, ols: Ols) -> np.ndarray:
@@ -108,10 +110,9 @@ def ols_reached(result: Result, data: HarData, ols: Ols, band: Band) -> list[Che
     out: `Band.undecided` says why)."""
     slopes = data.scaling.to_original(*result.weights[:2])[1]
     mse = float(np.mean((result.test_pred - data.y_test) ** 2)) * data.scaling.y_std**2
-    measures = [("", mse_distance(mse, ols), band.mse, tolerances.OLS_MSE_HARD),
-                ("/slopes", slope_distance(slopes, ols), band.slopes, tolerances.SLOPE_HARD)]
-    return [within(f"ols_reached/{result.path}{suffix}", value, limit, band.how)
-            for suffix, value, limit, hard in measures if limit <= hard]
+    value = {"": mse_distance(mse, ols), "/slopes": slope_distance(slopes, ols)}
+    return [within(f"ols_reached/{result.path}{suffix}", value[suffix], limit, band.how)
+            for suffix, _, limit, hard in band.measures() if limit <= hard]
 
 
 def gradient_formula(engine: str, folder: Path) -> list[Check]:
@@ -167,14 +168,13 @@ def load_results(outcome: Outcome) -> dict[str, Result]:
             for e in outcome.complete for p in paths.for_engine(e)}
 
 
-def run_all(outcome: Outcome, data: HarData, ols: Ols | None, *, band: Band | None = None,
-            draws_randomness: bool = False, same_epochs: int | None = None) -> tuple[dict[str, Result], list[Check]]:
-    """Every check on every engine that finished; the results they were computed from. `band=None` leaves out
+def run_all(outcome: Outcome, results: dict[str, Result], data: HarData, ols: Ols | None, *,
+            band: Band | None = None, draws_randomness: bool = False, same_epochs: int | None = None) -> list[Check]:
+    """Every check on every engine that finished, from its `results` (`load_results(outcome)`). `band=None` leaves out
     `ols_reached` (a --quick run is too short to reach OLS; the other checks hold after any number of epochs).
     `ols=None`: a model other than the HAR, with neither OLS nor the gradient formula. `draws_randomness`: the
     model draws random numbers while training, so same_arithmetic compares the paths of one engine only.
     `same_epochs`: the same-arithmetic run's length when shorter than the run's (noted on the check)."""
-    results = load_results(outcome)
     checks = [c for r in results.values() for c in ols_reached(r, data, ols, band)] if band and ols else []
     for engine in outcome.complete if ols else []:
         checks += gradient_formula(engine, outcome.engine_folder(engine))
@@ -190,4 +190,4 @@ def run_all(outcome: Outcome, data: HarData, ols: Ols | None, *, band: Band | No
     engine_of = {name: r.engine for name, r in results.items()} if draws_randomness else None
     note = f"after {same_epochs} epochs" if same_epochs else ""
     checks += same_arithmetic({name: e["same"] for name, e in extras.items()}, engine_of, note)
-    return results, checks
+    return checks
