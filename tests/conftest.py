@@ -24,6 +24,16 @@ TEST_CACHE = REPO / ".test_cache"
 os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE)
 
 
+def users_keras_home(folder: Path, **more) -> Path:
+    """`folder` made a KERAS_HOME whose keras.json is a user's that must reach none of our processes: floatx float16
+    and another epsilon (and `more`, e.g. a backend)."""
+    import json
+
+    folder.mkdir(exist_ok=True)
+    (folder / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1, **more}))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def panel():
     from compare.data import synthetic

@@ -18,6 +18,7 @@ from keras_side.backend import JAX_CACHE_VARIABLE
 from keras_side.process import interrupts_held
 from keras_side.results import load_trained
 from keras_side.spec import TrainConfig
+from tests.conftest import users_keras_home
 
 PATHS = ["keras-torch", "torch-native", "keras-jax", "jax-native", "keras-tensorflow", "tensorflow-native"]
 
@@ -214,8 +215,7 @@ def test_unknown_engine_is_a_usage_error(tmp_path, capsys):
 def float64_run_under_a_users_keras_json(tmp_path_factory):
     """`compare --quick --float64` on torch and JAX, with a KERAS_HOME whose keras.json sets floatx float16 and
     another epsilon: one run for the two tests below."""
-    home = tmp_path_factory.mktemp("keras_home")
-    (home / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1, "backend": "jax"}))
+    home = users_keras_home(tmp_path_factory.mktemp("keras_home"), backend="jax")
     out = tmp_path_factory.mktemp("float64") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KERAS_HOME", str(home))

@@ -15,6 +15,7 @@ from keras_side.determinism import seed_everything
 from keras_side.results import load_trained, trained_record, versions
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.jax import loop, sharded
+from tests.conftest import users_keras_home
 from tests.native import faults
 from tests.native.conftest import SHARDING_DEVICES
 from tests.tiers import rows
@@ -87,10 +88,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path):
 def test_a_users_keras_json_does_not_reach_the_processes(har, tmp_path):
     """A user's keras.json (here floatx float16) reached the launched processes, where compare's workers start from
     Keras's defaults."""
-    import json
-
-    (tmp_path / "keras").mkdir()
-    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    users_keras_home(tmp_path / "keras")
     har.save(tmp_path / "data.npz")
     spec = {**SPEC, "epochs": 1}
     result = sharded.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", spec,

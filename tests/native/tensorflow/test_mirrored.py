@@ -17,7 +17,7 @@ from keras_side.determinism import seed_everything
 from keras_side.results import load_trained, trained_record, versions
 from keras_side.spec import SpecError, TrainConfig, resolve
 from native.tensorflow import loop, mirrored
-from tests.conftest import REPO
+from tests.conftest import REPO, users_keras_home
 from tests.tiers import rows
 
 SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) splits 32/31
@@ -266,8 +266,7 @@ def test_a_users_keras_json_does_not_reach_the_launched_process(har, tmp_path):
     trained in float16."""
     from keras_side import fit
 
-    (tmp_path / "keras").mkdir()
-    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    users_keras_home(tmp_path / "keras")
     even, spec = whole_batches(har, SPEC["batch_size"], 2), {**SPEC, "epochs": 1}
     for extra, train in (((), loop.train), (("--fit",), fit.train)):
         parallel = mirrored_run(even, tmp_path, "keras_side.models:har", *extra, config=spec,

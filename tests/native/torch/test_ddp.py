@@ -23,7 +23,7 @@ from native.torch import fast
 from native.torch import loop
 from native.torch import losses as torch_losses
 from native.torch.launch import torchrun_command
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, users_keras_home, wait_for
 from tests.native import faults
 from tests.tiers import rows
 
@@ -61,8 +61,7 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
 def test_a_users_keras_json_does_not_reach_the_ranks(har, tmp_path):
     """A user's keras.json (here floatx float16) reached torchrun's ranks, where compare's workers start from
     Keras's defaults."""
-    (tmp_path / "keras").mkdir()
-    (tmp_path / "keras" / "keras.json").write_text(json.dumps({"floatx": "float16", "epsilon": 0.1}))
+    users_keras_home(tmp_path / "keras")
     har.save(tmp_path / "data.npz")
     spec = {**SPEC, "epochs": 1}
     proc = ddp.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", spec, "keras_side.models:har",
