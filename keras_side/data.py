@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_side.arrays import as_tuple, first, first_nonfinite_row, take
+from keras_side.arrays import as_tuple, first, first_nonfinite_row, take, verb_arrays
 from keras_side.files import save_npz
+from keras_side.spec import SpecError, TrainConfig
 
 
 SEQUENCE_DAYS = 22  # days of log RV a sequence model reads: the HAR's longest mean, as a sequence
@@ -130,6 +131,86 @@ class HarData:
     def outputs(self) -> int:
         """How many outputs the targets are for: 1, or the length of the targets' tuple."""
         return len(self.y_train) if isinstance(self.y_train, tuple) else 1
+
+
+# `HarData.source` of data a user gave as arrays (`as_data`): taken as given, so its losses are in its own units.
+ARRAYS = "arrays"
+
+
+def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarData, TrainConfig]:
+    """What a loop trains on, from what `fit` takes: `HarData` as it is, or `(x, y)` or `(x, y, sample_weight)`,
+    each of x and y one array, a tuple or list of arrays (several inputs or outputs, in the model's order), or a
+    dict of arrays by the model's input (output) names; `validation_data=(x_val, y_val)` likewise. Arrays are taken
+    as given (not standardized) and their floats cast to the model's dtype, as `fit` casts them; the result's
+    predictions are made on the validation rows. Without validation data the loop does not validate (as `fit`), so
+    `cfg` comes back with `validate=False`. Bad data is a `SpecError` naming it and the fix."""
+    if isinstance(data, HarData):
+        if validation_data is not None:
+            raise SpecError("validation_data is for data given as arrays: HarData carries its own validation split "
+                            "(x_val, y_val); drop validation_data")
+        return data, cfg
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+        raise SpecError(f"data is {_shown(data)}; give (x, y) or (x, y, sample_weight) arrays, as fit takes them "
+                        "(a DataLoader, a tf.data.Dataset or an iterator of batches: iterate it in a loop of yours "
+                        "over the model, docs/embedding.md), or a HarData")
+    x, y = _model_order(model, data[0], "x"), _model_order(model, data[1], "y")
+    w = None if len(data) == 2 or data[2] is None else np.asarray(data[2], np.float32)
+    if validation_data is None:
+        if cfg.patience:
+            raise SpecError("early stopping (patience) watches the validation loss: give validation_data=(x_val, "
+                            "y_val), or drop patience")
+        x_val, y_val, cfg = take(x, slice(0, 0)), take(y, slice(0, 0)), cfg.replace(validate=False)
+    elif not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+        raise SpecError(f"validation_data is {_shown(validation_data)}; give (x_val, y_val), as fit takes it")
+    else:
+        x_val, y_val = (_model_order(model, v, xy) for v, xy in zip(validation_data, ("x_val", "y_val")))
+    features = first(x).shape[-1] if first(x).ndim > 1 else 1
+    try:
+        found = HarData(x, y, x_val, y_val, x_val, y_val, Scaling(np.zeros(features), np.ones(features), 0.0, 1.0),
+                        features=(), asset="", source=ARRAYS, w_train=w,
+                        validation="none" if validation_data is None else "given")
+    except ValueError as e:  # HarData names its own fields (x_train...): name what the user gave
+        raise SpecError(str(e).replace("HarData's ", "the data's ").replace("HarData", "the data")) from None
+    return found, cfg
+
+
+def _model_order(model, value, what: str):
+    """One array, or a tuple of arrays in the model's input (output) order: a dict is ordered by the names."""
+    if isinstance(value, dict):
+        kind = "input" if what.startswith("x") else "output"
+        if isinstance(getattr(model, kind, None), dict):
+            raise SpecError(f"the model takes its {kind}s as a dict, which the package's loops do not carry (they "
+                            f"carry several as a tuple): build it with a list of {kind}s, keras.Model([a, b], ...)")
+        names = _names(model, kind)
+        missing = [n for n in names if n not in value]
+        if not names or missing or len(value) != len(names):
+            raise SpecError(f"{what} is a dict of {sorted(value)} but the model's {kind}s are named {names}; give "
+                            f"one array per {kind}, keyed by its name (or a tuple in the model's order)")
+        value = tuple(value[n] for n in names)
+    value = verb_arrays(value, "x" if what.startswith("x") else "y")
+    dtype = np.float64 if getattr(model, "compute_dtype", None) == "float64" else np.float32
+
+    def cast(a):
+        a = np.asarray(a)
+        return a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a
+
+    return tuple(cast(a) for a in value) if isinstance(value, tuple) else cast(value)
+
+
+def _names(model, kind: str) -> list[str]:
+    """The model's input names (its Input layers') or output names; none for a model that declares none."""
+    try:
+        if kind == "output":
+            return list(getattr(model, "output_names", None) or [])
+        from keras_side.internals import input_layer_name
+
+        return [input_layer_name(t) for t in model.inputs]
+    except (AttributeError, ValueError):
+        return []
+
+
+def _shown(value) -> str:
+    return f"a {type(value).__name__}" + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
 
 
 def batch_slices(n: int, batch_size: int) -> list[slice]:

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from keras_side.arrays import output_arrays, output_files, output_read
+from keras_side.data import ARRAYS, HarData
 from keras_side.files import save_npz
 
 if TYPE_CHECKING:
-    from keras_side.data import HarData
     from keras_side.spec import TrainConfig
 
 
@@ -93,6 +93,8 @@ def loss_units(cfg: TrainConfig, data: HarData) -> tuple[float, str]:
     MAE to log RV, when every output's loss is that one (a regularizer's penalty is scaled with it); any other loss
     as computed."""
     kinds = set(cfg.losses)
+    if data.source == ARRAYS:  # a user's own data (`as_data`), not standardized: in its own units
+        return 1.0, "as given"
     if kinds == {"mse"}:
         return data.scaling.y_std**2, "log RV²"
     if kinds == {"mae"}:

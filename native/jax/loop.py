@@ -25,7 +25,7 @@ import optax
 from keras_side.arrays import keras_inputs, output_arrays, take, verb_arrays
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.data import HarData, as_data, batch_slices, numpy_orders
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built, weight_constraints
@@ -74,18 +74,21 @@ def batch_orders(cfg: TrainConfig, n: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None, checkpoint=None,
+def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """Train `model` on `data` as `fit` would with the spec `cfg`: the spec's loss and optimizer over shuffled
     mini-batches, the validation loss after every epoch; the trained state is written back into the model.
 
     Args:
+        data: a `HarData`, or `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`).
+        validation_data: `(x_val, y_val)` arrays, with arrays for `data`; without them the loop does not validate.
         progress: `progress(epoch, epochs)` after every epoch.
         on_step: `on_step(loss)` after every optimizer step, the state written back into the model's variables
             first (the training-parity check reads the weights there).
         checkpoint: a folder to write a checkpoint to after every epoch (`native.checkpoint`).
         resume: go on from the last checkpoint in `checkpoint`.
     """
+    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
     optimizer = optim.build(cfg)  # fit: Keras's own update rule, as an optax transformation
     loss_fn, metrics = training_loss(cfg), keras_metrics(cfg)

@@ -20,7 +20,7 @@ import torch
 from keras_side.arrays import keras_inputs, take, verb_arrays
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, batch_slices, numpy_orders
+from keras_side.data import as_data, batch_slices, numpy_orders
 from keras_side.internals import global_generator_layers
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
@@ -75,17 +75,20 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None, checkpoint=None,
+def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """Train `model` on `data` as `fit` would with the spec `cfg`: the spec's loss and optimizer over shuffled
     mini-batches, the validation loss after every epoch.
 
     Args:
+        data: a `HarData`, or `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`).
+        validation_data: `(x_val, y_val)` arrays, with arrays for `data`; without them the loop does not validate.
         progress: `progress(epoch, epochs)` after every epoch.
         on_step: `on_step(loss)` after every optimizer step (the training-parity check reads the weights there).
         checkpoint: a folder to write a checkpoint to after every epoch (`native.checkpoint`).
         resume: go on from the last checkpoint in `checkpoint`.
     """
+    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)
     device = next(model.parameters()).device

@@ -652,3 +652,58 @@ def test_data_that_the_models_inputs_do_not_take_is_one_spec_error(har, panel):
                                  x_test=days[:8], y_test=days[:8, 0, :1])
     rnn = keras.Sequential([keras.Input((10, 2)), keras.layers.SimpleRNN(2), keras.layers.Dense(1)])
     assert len(loop.train(rnn, longer, TrainConfig(epochs=1, batch_size=20)).train_loss) == 1
+
+
+def users_model():
+    """A model of a user's own: two named inputs (a list, as the loops carry several), one named output."""
+    import keras
+
+    a, b = keras.Input((3,), name="returns"), keras.Input((2,), name="volumes")
+    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(keras.layers.Concatenate()([a, b]))
+    return keras.Model([a, b], keras.layers.Dense(1, name="forecast")(hidden))
+
+
+def test_a_users_arrays_train_as_fit_trains_them():
+    """The loop takes what `fit` takes: inputs as a dict by name (float64, cast as fit casts them), targets, sample
+    weights and validation_data. One batch of every row (so that no batch order is in play) for three epochs: the
+    loop ends at `fit`'s weights and reports its validation losses, in the data's own units."""
+    import keras
+
+    from keras_side.optimizers import keras_optimizer
+
+    rng = np.random.default_rng(0)
+    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
+    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
+    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    cfg = TrainConfig(epochs=3, batch_size=96, learning_rate=0.05)
+
+    def fresh():
+        keras.backend.clear_session()
+        seed_everything(0)
+        return users_model()
+
+    want = fresh()
+    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    history = want.fit(x, y, sample_weight=w, validation_data=val, batch_size=96, epochs=3, shuffle=False, verbose=0)
+    got = loop.train(model := fresh(), (x, y, w), cfg, validation_data=val)
+    np.testing.assert_allclose(flat(model.get_weights()), flat(want.get_weights()), atol=ZOO_ATOL, rtol=0)
+    np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
+    assert got.units == "as given" and got.test_pred.shape == (32, 1)
+    alone = loop.train(fresh(), (x, y), cfg.replace(epochs=1))  # no validation_data: none, as in fit
+    assert alone.val_loss == [] and len(alone.train_loss) == 1
+
+
+def test_a_users_bad_arrays_are_one_line_naming_them():
+    from keras_side.spec import SpecError
+
+    x, y = {"returns": np.zeros((8, 3)), "volumes": np.zeros((8, 2))}, np.zeros((8, 1))
+    cases = [((x["returns"], y), {}, "the model has 2 input"),
+             (({"returns": x["returns"]}, y), {}, "x is a dict of \\['returns'\\] but the model's inputs are named"),
+             (iter([(x, y)]), {}, "data is a list_iterator; give \\(x, y\\) or \\(x, y, sample_weight\\) arrays"),
+             ((x, y[:5]), {}, "the data's train split has arrays of different lengths"),
+             ((x, y), {"validation_data": x}, "validation_data is a dict; give \\(x_val, y_val\\)")]
+    for data, extra, message in cases:
+        with pytest.raises(SpecError, match=message):
+            loop.train(users_model(), data, TrainConfig(epochs=1), **extra)
+    with pytest.raises(SpecError, match="early stopping \\(patience\\) watches the validation loss"):
+        loop.train(users_model(), (x, y), TrainConfig(epochs=1, patience=2))
