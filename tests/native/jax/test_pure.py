@@ -67,3 +67,57 @@ def test_an_unbuilt_model_is_one_line():
 
     with pytest.raises(ValueError, match="PureModel needs a built model"):
         PureModel(keras.Sequential([keras.layers.Dense(1)]))
+
+
+def test_a_loop_of_yours_over_an_iterator_of_batches_ends_where_fit_ends(har):
+    """A JAX user's data: an iterator of `(x, y)` NumPy batches, the short last one included. A jitted step over
+    `PureModel` with the package's Keras-exact optax Adam, fed by that iterator, ends on the weights of `fit` fed the
+    same batches (a `keras.utils.PyDataset`), to the bit, a seeded Dropout's state threaded."""
+    import keras
+
+    from keras_side.optimizers import keras_optimizer
+
+    cfg, epochs = TrainConfig(learning_rate=0.05), 3
+    order = np.random.default_rng(0).permutation(200)
+    x, y = har.x_train[order], har.y_train[order]
+
+    def batches():  # one pass over the user's data
+        for rows in batch_slices(len(x), 32):
+            yield x[rows], y[rows]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return len(batch_slices(len(x), 32))
+
+        def __getitem__(self, i):
+            return list(batches())[i]
+
+    def fresh():
+        keras.backend.clear_session()
+        seed_everything(0)
+        return models.ensure_built(models.dropout_mlp(), x)
+
+    want = fresh()
+    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want.fit(Batches(), epochs=epochs, shuffle=False, verbose=0)  # the batches in the order given
+
+    model = fresh()
+    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), training_loss(cfg)
+
+    @jax.jit
+    def step(state, opt_state, x, y):
+        def loss_of(trainable):
+            outputs, new_state, losses = pure.apply((trainable, state[1]), x, training=True)
+            return loss_fn(y, outputs) + losses, new_state
+        (loss, new_state), grads = jax.value_and_grad(loss_of, has_aux=True)(state[0])
+        updates, opt_state = optimizer.update(grads, opt_state, state[0])
+        return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
+
+    state = pure.init()
+    opt_state = optimizer.init(state[0])
+    for _ in range(epochs):
+        for xb, yb in batches():
+            state, opt_state, _ = step(state, opt_state, xb, yb)
+    pure.write_back(state)
+    for got, expected in zip(model.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)
