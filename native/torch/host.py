@@ -12,9 +12,11 @@ load the first one's checkpoint. `stable_keys(model)` gives it the keys a torch 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
+from keras_side.files import atomic_file
 from keras_side.losses import as_fit_shapes
 
 
@@ -144,6 +146,40 @@ class _Order(torch.nn.ParameterDict):
 
     def _load_from_state_dict(self, *args, **kwargs):
         pass
+
+
+def save_checkpoint(path, module: torch.nn.Module, optimizer, scheduler=None, *, generators=()) -> None:
+    """Everything a resumed run needs to go on as the uninterrupted one, in one file: `module`'s state dict (a
+    `KerasModule`'s, or a module of yours holding one: each Keras variable once under stable keys, a seeded
+    layer's seed state included), the optimizer's and the scheduler's, and the random state: torch's global
+    generator (Keras's unseeded dropout draws from it), CUDA's where there is one, and each of `generators` (your
+    DataLoader's, in the order `load_checkpoint` gets them). Written whole (`atomic_file`): a run killed while
+    writing leaves the file it had."""
+    with atomic_file(path) as tmp:
+        torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler else None, "rng": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                    "generators": [g.get_state() for g in generators]}, tmp)
+
+
+def load_checkpoint(path, module: torch.nn.Module, optimizer, scheduler=None, *, generators=()) -> None:
+    """What `save_checkpoint` wrote into `module`, `optimizer`, `scheduler` and `generators`, in place, in this
+    process or another one (which may have built other models first: the keys and the parameters' order do not
+    depend on Keras's name counters). Read with `weights_only=True`: nothing in the file can run code."""
+    saved = torch.load(Path(path), weights_only=True)
+    if len(saved["generators"]) != len(generators) or (saved["scheduler"] is None) != (scheduler is None):
+        raise ValueError(f"{path} holds {len(saved['generators'])} generator(s) and "
+                         f"{'no' if saved['scheduler'] is None else 'a'} scheduler; give load_checkpoint the same "
+                         "ones save_checkpoint had")
+    module.load_state_dict(saved["module"])
+    optimizer.load_state_dict(saved["optimizer"])
+    if scheduler:
+        scheduler.load_state_dict(saved["scheduler"])
+    torch.set_rng_state(saved["rng"])
+    if saved["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    for generator, state in zip(generators, saved["generators"], strict=True):
+        generator.set_state(state)
 
 
 class HostModel(KerasModule):

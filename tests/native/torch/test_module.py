@@ -152,3 +152,50 @@ def test_a_loop_of_yours_over_a_dataloader_ends_where_fit_over_it_ends():
     shuffled = fit(shuffle=True)
     assert gap(yours(shuffle=True, as_fit_draws=True), shuffled) == 0, f"keras {keras.__version__}: fit's draws moved"
     assert gap(yours(shuffle=True), shuffled) > 1e-3  # other batches: the test above can tell
+
+
+def test_a_checkpoint_resumes_bit_identically_in_a_process_that_built_other_models_first(tmp_path):
+    """`save_checkpoint` after 2 of 4 epochs; then, as in another process: other models built first (the layers
+    named otherwise), torch's global generator and the loader's moved on, `load_checkpoint`, 2 more epochs. The
+    run ends where the uninterrupted one ends, to the bit: an unseeded Dropout (torch's global generator), a
+    shuffling DataLoader (its own generator), a cosine schedule and Keras's Adam all resumed."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from native.torch.host import load_checkpoint, save_checkpoint
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(100, 3, generator=g), torch.randn(100, 1, generator=g))
+
+    def setup(names, seed):
+        seed_everything(seed)  # Keras's initializers and torch's global generator
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name=names[0]), keras.layers.Dropout(0.3),
+                                  keras.layers.Dense(1, name=names[1])])
+        module = KerasModule(model)
+        optimizer = optim.exact_optimizer(list(module.parameters()), TrainConfig(learning_rate=0.05))
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=16)
+        generator = torch.Generator().manual_seed(seed)
+        return module, optimizer, scheduler, generator, DataLoader(data, batch_size=32, shuffle=True,
+                                                                    generator=generator)
+
+    def epochs(count, module, optimizer, scheduler, generator, loader):
+        module.train()
+        for _ in range(count):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.mean((module(x) - y) ** 2).backward()
+                optimizer.step()
+                scheduler.step()
+
+    uninterrupted = setup(("layer_1", "layer_2"), seed=0)
+    epochs(4, *uninterrupted)
+    first = setup(("layer_1", "layer_2"), seed=0)
+    epochs(2, *first)
+    save_checkpoint(tmp_path / "ckpt.pt", *first[:3], generators=[first[3]])
+    resumed = setup(("layer_9", "layer_10"), seed=7)  # other names, other random states: all of it restored
+    load_checkpoint(tmp_path / "ckpt.pt", *resumed[:3], generators=[resumed[3]])
+    epochs(2, *resumed)
+    for a, b in zip(uninterrupted[0].model.get_weights(), resumed[0].model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="holds 1 generator\\(s\\) and a scheduler; give load_checkpoint the same"):
+        load_checkpoint(tmp_path / "ckpt.pt", *resumed[:3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # written whole: no temporary left
