@@ -114,14 +114,15 @@ def check_ols_options(args: argparse.Namespace, har: bool) -> None:
 
 
 def ols_band(args: argparse.Namespace, ols, spreads: dict) -> checks.Band | None:
-    """What ols_reached judges against: nothing in a --quick run, constants in a converged one, else the seeds'
-    spread on this data (the hard bounds alone where no engine of the run trained seeds)."""
+    """What ols_reached judges against: nothing in a --quick run; else the seeds' spread on this data (the hard
+    bounds alone where no engine of the run trained seeds), or in a converged run the constants, confirmed by the
+    seeds (trained the converged way too)."""
     if args.quick or ols is None:
         return None
-    if args.converge:
-        return checks.Band.converged()
     measured = [s for s in spreads.values() if s.seeds is not None]
-    if not measured:
-        return checks.Band.hard()
-    return checks.Band.of_seeds(np.concatenate([s.seeds.test_loss for s in measured]),
-                                np.concatenate([s.seeds.slopes for s in measured]), ols, [s.engine for s in measured])
+    seeds = checks.Band.of_seeds(np.concatenate([s.seeds.test_loss for s in measured]),
+                                 np.concatenate([s.seeds.slopes for s in measured]), ols,
+                                 [s.engine for s in measured]) if measured else None
+    if args.converge:
+        return checks.Band.converged(seeds)
+    return seeds or checks.Band.hard()

@@ -57,11 +57,14 @@ def converge_spec(rows: int, batch_size: int) -> dict:
 @dataclass(frozen=True)
 class Band:
     """How far from OLS a correct path may end (`ols_reached`), and how that was found: printed beside each check.
-    `mse` bounds |test MSE / OLS's − 1|, `slopes` the largest |slope − OLS's slope| in original units."""
+    `mse` bounds |test MSE / OLS's − 1|, `slopes` the largest |slope − OLS's slope| in original units. `reached`:
+    in a converged run, how far this data's converged seeds end (the same percentile), which must lie within the
+    band for it to judge."""
 
     mse: float
     slopes: float
     how: str
+    reached: tuple[float, float] | None = None
 
     @classmethod
     def of_seeds(cls, test_mse: np.ndarray, slopes: np.ndarray, ols: Ols, engines: list[str]) -> Band:
@@ -79,21 +82,40 @@ class Band:
                    "hard bound only: no engine of this run trains seeds (torch and jax do)")
 
     @classmethod
-    def converged(cls) -> Band:
+    def converged(cls, seeds: Band | None = None) -> Band:
+        """`--converge`: the constants (the least squares up to the last steps' mini-batch noise), confirmed on this
+        data by `seeds`, the band of the run's seeds trained the same converged way, where it has one."""
+        how = "converged run (--converge): the least squares up to mini-batch noise"
+        if seeds is None:
+            return cls(tolerances.CONVERGED_MSE_RTOL, tolerances.CONVERGED_SLOPE_ATOL,
+                       f"{how}; not confirmed on this data (no engine of this run trains seeds: torch and jax do)")
         return cls(tolerances.CONVERGED_MSE_RTOL, tolerances.CONVERGED_SLOPE_ATOL,
-                   "converged run (--converge): the least squares up to mini-batch noise")
+                   f"{how}; on this data the {seeds.how.removeprefix('band: ')} end within {seeds.mse:.2g} "
+                   f"(test MSE) and {seeds.slopes:.2g} (slopes)", reached=(seeds.mse, seeds.slopes))
 
-    def measures(self) -> list[tuple[str, str, float, float]]:
-        """Each measure: (check name suffix, what it measures, the band's limit, its hard bound)."""
-        return [("", "test MSE", self.mse, tolerances.OLS_MSE_HARD),
-                ("/slopes", "slopes", self.slopes, tolerances.SLOPE_HARD)]
+    def measures(self) -> list[tuple[str, float, str]]:
+        """Each measure: (check name suffix, the band's limit, why the band cannot judge it on this data: "" when
+        it can). A seeds' band past its hard bound cannot (the seeds themselves end far from OLS), nor a converged
+        one that the converged seeds do not reach (this data needs more steps)."""
+        found = []
+        for i, (suffix, what, limit, hard) in enumerate((("", "test MSE", self.mse, tolerances.OLS_MSE_HARD),
+                                                          ("/slopes", "slopes", self.slopes, tolerances.SLOPE_HARD))):
+            why = ""
+            if self.reached is not None and self.reached[i] > limit:
+                why = (f"ols_reached ({what}) not judged: the converged seeds end up to {self.reached[i]:.3g} from "
+                       f"OLS on this data, beyond --converge's tolerance {limit:g}: {CONVERGE_STEPS:,} steps do not "
+                       "reach the least squares here, so a path that misses it could not be told from one that "
+                       "converges slowly")
+            elif limit > hard:
+                why = (f"ols_reached ({what}) not judged: the seeds end up to {limit:.3g} from OLS on this data, "
+                       f"beyond the hard bound {hard:g}, so a broken path could not be told from seed noise; run "
+                       "with --converge")
+            found.append((suffix, limit, why))
+        return found
 
     def undecided(self) -> list[str]:
-        """Why this band cannot judge a path (wider than the hard bounds: the seeds themselves end far from OLS on
-        this data), one line per measure; none when it can."""
-        return [f"ols_reached ({what}) not judged: the seeds end up to {limit:.3g} from OLS on this data, beyond the "
-                f"hard bound {hard:g}, so a broken path could not be told from seed noise; run with --converge"
-                for _, what, limit, hard in self.measures() if limit > hard]
+        """Why this band cannot judge a measure on this data, one line per measure; none when it can judge both."""
+        return [why for _, _, why in self.measures() if why]
 
 
 def mse_distance(test_mse, ols: Ols) -> np.ndarray:
@@ -112,7 +134,7 @@ def ols_reached(result: Result, data: HarData, ols: Ols, band: Band) -> list[Che
     mse = float(np.mean((result.test_pred - data.y_test) ** 2)) * data.scaling.y_std**2
     value = {"": mse_distance(mse, ols), "/slopes": slope_distance(slopes, ols)}
     return [within(f"ols_reached/{result.path}{suffix}", value[suffix], limit, band.how)
-            for suffix, _, limit, hard in band.measures() if limit <= hard]
+            for suffix, limit, why in band.measures() if not why]
 
 
 def gradient_formula(engine: str, folder: Path) -> list[Check]:
