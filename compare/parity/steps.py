@@ -272,7 +272,8 @@ def _own_tensorflow(make_step, spec, own, model, steps, cfg, record) -> None:
 
 def probe(request: dict, send) -> dict:
     """At the given weights, on one batch: every layer's output, the training objective (the spec's loss plus
-    `model.losses`) and its gradient, all with `training=True`, as the step computes them."""
+    `model.losses`) and its gradient, all with `training=True`, as the step computes them; and the objective in
+    inference mode, with the first layer whose output the training flag changes."""
     build, (x, y) = resolve(request["build"]), _inputs(request["inputs"])
     cfg = TrainConfig(**request["config"])
     rows = np.asarray(request["rows"])
@@ -283,13 +284,22 @@ def probe(request: dict, send) -> dict:
     set_state(model, values)  # before each stage: a random layer's seed state starts where the step's did
     outputs = models.layer_outputs(model, xb, training=True)
     loss_fn = training_loss(cfg)
+
+    def objective(training: bool) -> float:
+        set_state(model, values)
+        value = loss_fn(keras_inputs(yb), model(keras_inputs(xb), training=training))
+        return float(keras.ops.convert_to_numpy(value + sum(model.losses) if model.losses else value))
+
+    value, inference = objective(True), objective(False)
     set_state(model, values)
-    value = loss_fn(keras_inputs(yb), model(keras_inputs(xb), training=True))
-    value = float(keras.ops.convert_to_numpy(value + sum(model.losses) if model.losses else value))
+    # The first layer whose output the training flag changes (a Dropout, a BatchNorm): what a step that calls the
+    # model in inference mode gets wrong first.
+    flagged = next((name for (name, a), b in zip(outputs.items(), models.layer_outputs(model, xb, training=False)
+                                                  .values()) if not np.array_equal(a, b)), "")
     set_state(model, values)
     grads = paths.loop(keras.config.backend()).grad_at(model, xb, yb, loss=loss_fn, training=True)
-    np.savez(request["out"], names=np.array(list(outputs)), loss=value, **named("o", outputs.values()),
-             **named("g", grads))
+    np.savez(request["out"], names=np.array(list(outputs)), loss=value, loss_inference=inference,
+             flagged=np.array(flagged), **named("o", outputs.values()), **named("g", grads))
     return {}
 
 

@@ -40,8 +40,11 @@ CAUSES = {
     "forward": "the layer computes differently on this engine: engine-specific code in it (keras.config.backend(), "
                "an engine's own op), a random layer (each engine draws its own masks: compare paths within one "
                "engine), or another dtype",
-    "loss": "equal outputs, another loss: a reduction (a sum, a mean over another axis, the short last batch), "
-            "model.losses (the regularizers) left out, the model called without training=True, or another loss",
+    "loss": "another loss from the same weights: a reduction (a sum, a mean over another axis, the short last "
+            "batch), model.losses (the regularizers) left out, the model called without training=True, or another "
+            "loss",
+    "flag": "your step's loss is the objective in inference mode: the model called without training=True (or a "
+            "layer with training=False, a BatchNorm left in inference mode), where fit calls it with training=True",
     "gradient": "equal loss, another gradient: gradients accumulated over steps (torch: optimizer.zero_grad() left "
                 "out), a custom gradient, a stop_gradient, the gradient of another objective, or gradients changed "
                 "(clipped, scaled) before they are returned",
@@ -223,7 +226,8 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
                 rows = [order[e][s] for e in range(cfg.epochs) for s in batch_slices(n, cfg.batch_size)]
                 a, b, k = min(parted, key=lambda p: p[2])
                 probes = _probes(pool, common, {a.engine, b.engine}, a, k, rows[k - 1], build, tmp)
-                report = localize(a, b, k, names, trainable, probes, rtol, atol, total, per_epoch)
+                report = localize(a, b, k, names, trainable, probes, rtol, atol, total, per_epoch,
+                                  clips=cfg.clipnorm is not None or cfg.global_clipnorm is not None)
                 others = [f"also parting: {q.label} from {p.label} at step {s}" for p, q, s in parted
                           if (p, q) != (a, b)]
                 others += _odd_one_out(found, parted)
@@ -298,13 +302,17 @@ def _probes(pool, common, engines, a: Run, k: int, rows, build, tmp: Path) -> di
         with np.load(tmp / f"probe-{e}.npz") as z:
             layers = [str(s) for s in z["names"]]
             found[e] = {"layers": layers, "outputs": [z[f"o_{i}"] for i in range(len(layers))],
-                        "loss": float(z["loss"]), "grads": [z[k] for k in sorted(
+                        "loss": float(z["loss"]), "loss_inference": float(z["loss_inference"]),
+                        "flagged": str(z["flagged"]), "grads": [z[k] for k in sorted(
                             (k for k in z.files if k.startswith("g_")), key=lambda k: int(k[2:]))]}
     return found
 
 
-def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total: int, per_epoch: int) -> str:
-    """The report of the first step where `b` parts from `a`: the first stage that differs, from `a`'s weights."""
+def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total: int, per_epoch: int,
+             clips: bool = False) -> str:
+    """The report of the first step where `b` parts from `a`: the first stage that differs, from `a`'s weights.
+    `clips`: the spec clips by norm, so a step's gradients may be `fit`'s times one common factor (a clip of the
+    step's own) before the optimizer, whose update is then `fit`'s: that factor alone is no difference."""
     if k == 0:
         return f"{b.label} and {a.label} start from different weights: the start was not set on every path"
     before = max((float(np.max(np.abs(wb[k - 1].astype(np.float64) - wa[k - 1]), initial=0.0))
@@ -315,7 +323,7 @@ def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total
     pa, pb = probes[a.engine], probes[b.engine]
     summary, found = [], None
     for stage in STAGES:
-        rows, note = _stage(stage, a, b, k, names, trainable, pa, pb, rtol, atol)
+        rows, note = _stage(stage, a, b, k, names, trainable, pa, pb, rtol, atol, clips)
         summary.append(f"{stage} {'DIFFERS' if rows else note or 'equal'}")
         if rows:
             found = stage, rows
@@ -330,21 +338,25 @@ def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total
             "a larger atol",
             "stages: " + " · ".join(summary), table(cols, rows), _allowed(rtol, atol)])
     stage, rows = found
-    cause = stage
-    if stage == "update" and _near_zero(rows, names, trainable, pa["grads"], atol):
-        cause = "noise"
+    cause, why = stage, CAUSES[stage]
+    if stage == "loss" and _in_inference_mode(a, b, k, pa, rtol, atol):
+        cause = "flag"
+        why = CAUSES[cause] + (f"; the first layer whose output the flag changes: {pa['flagged']!r}"
+                               if pa["flagged"] else "")
+    elif stage == "update" and _near_zero(rows, names, trainable, pa["grads"], atol):
+        why = CAUSES["noise"]
     elif stage == "update" and not summary[2].startswith("gradient equal"):
-        cause = "unseen"
+        why = CAUSES["unseen"]
     return "\n".join(head + [
         f"first stage that differs: {stage}, at {rows[0][1]!r} (from the weights {a.label} held after step {k - 1}, "
         "on that step's batch)",
-        f"likely cause: {CAUSES[cause]}",
+        f"likely cause: {why}",
         "stages: " + " · ".join(summary), table(cols, rows), _allowed(rtol, atol)])
 
 
-def _stage(stage, a: Run, b: Run, k, names, trainable, pa, pb, rtol, atol):
+def _stage(stage, a: Run, b: Run, k, names, trainable, pa, pb, rtol, atol, clips: bool = False):
     """The failing rows of one stage (stage, name, b's value, a's value, worst at, |diff|, allowed), and a note
-    when the stage could not be compared."""
+    when the stage could not be compared (or, for gradients, how they compared)."""
     across = a.engine != b.engine
     trained = [n for n, t in zip(names, trainable) if t]
     rows = []
@@ -363,9 +375,14 @@ def _stage(stage, a: Run, b: Run, k, names, trainable, pa, pb, rtol, atol):
             return [], "not compared (one engine)"
     elif stage == "gradient":
         pairs = [(n, gb, ga) for n, ga, gb in zip(trained, pa["grads"], pb["grads"])] if across else []
+        note = ""
         for run, probe in ((b, pb), (a, pa)):
             if run.grads is not None:
-                pairs += [(n, g[k - 1], want) for n, g, want in zip(trained, run.grads, probe["grads"])]
+                got = [g[k - 1] for g in run.grads]
+                scale = _clip_factor(got, probe["grads"]) if clips else 1.0
+                if scale != 1.0:  # the step's own clip: each gradient fit's times one factor, which is no fault
+                    note = f"equal up to one factor, {scale:.4g} (a clip in your step)"
+                pairs += [(n, g, scale * want) for n, g, want in zip(trained, got, probe["grads"])]
         if not pairs:
             if OWN in (a.path, b.path) and b.engine == "torch":
                 return [], "not observable (your step left no .grad when it called optimizer.step())"
@@ -385,7 +402,26 @@ def _stage(stage, a: Run, b: Run, k, names, trainable, pa, pb, rtol, atol):
             rows.append((stage, name, *_cells(w)))
     if stage == "gradient":  # backward runs from the last layer: the latest weight that differs is nearest the cause
         rows.reverse()
+        return rows, note
     return rows, ""
+
+
+def _clip_factor(got, want) -> float:
+    """The one factor in (0, 1) by which `got` (a step's gradients) is `want` (fit's) where most of the weights
+    agree, as a clip by the norm makes it; 1.0 where there is none. Each weight's own least-squares ratio; the
+    median of them, so that a weight the step got wrong (a sign, a scale) does not move it."""
+    ratios = [float(np.vdot(g, w) / np.vdot(w, w)) for g, w in zip(got, want) if np.vdot(w, w) > 0]
+    factor = float(np.median(ratios)) if ratios else 1.0
+    return factor if 0 < factor < 1 - tolerances.TRAINING_RTOL else 1.0
+
+
+def _in_inference_mode(a: Run, b: Run, k: int, probe, rtol: float, atol: float) -> bool:
+    """Whether the step's own loss (a user's step reports one) is the objective in inference mode rather than the
+    training objective, where the two differ."""
+    train, inference = probe["loss"], probe["loss_inference"]
+    close = lambda u, v: abs(u - v) <= atol + rtol * abs(v)  # noqa: E731
+    return not close(inference, train) and any(np.isfinite(run.loss[k - 1]) and close(run.loss[k - 1], inference)
+                                               and not close(run.loss[k - 1], train) for run in (a, b))
 
 
 def _near_zero(rows, names, trainable, grads, atol: float) -> bool:

@@ -26,6 +26,51 @@ def torch_step_without_zero_grad(model, optimizer, x, y):
     return loss
 
 
+def torch_step_in_inference_mode(model, optimizer, x, y):
+    """Planted fault: the model called without `training=True` (Dropout keeps everything, BatchNorm normalizes by its
+    moving statistics), as a torch user's `model.eval()` would leave it."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y) + sum(model.losses)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def torch_step_clipping_with_a_sign_fault(model, optimizer, x, y):
+    """Planted fault inside a step that clips (torch's `clip_grad_norm_`, as the spec's global_clipnorm): the first
+    layer's kernel moves against its update."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y) + sum(model.losses)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], CLIP)
+    kernel = model.trainable_weights[0].value
+    before = kernel.detach().clone()
+    optimizer.step()
+    with torch.no_grad():
+        kernel.copy_(2 * before - kernel)
+    return loss
+
+
+def torch_step_clipping(model, optimizer, x, y):
+    """A step that clips its gradients itself (torch's `clip_grad_norm_`) where the spec's optimizer clips them too:
+    clipping to a norm twice is clipping once, so it equals fit."""
+    import torch
+
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x, training=True), y) + sum(model.losses)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], CLIP)
+    optimizer.step()
+    return loss
+
+
+CLIP = 0.1  # the spec's global_clipnorm in the clipping tests: gradients here are ~1, so every step clips
+
+
 def torch_adam(params):
     """Planted fault, as a user's optimizer: torch's stock Adam with the spec's numbers; its epsilon is added after
     the bias correction, where Keras adds it before."""

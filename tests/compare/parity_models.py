@@ -176,3 +176,9 @@ def batchnorm_with_bias():
     """`batchnorm_model` with a bias before BatchNorm: a weight whose exact gradient is zero."""
     return keras.Sequential([keras.Input((3,)), layers.Dense(4, name="first"), layers.BatchNormalization(name="bn"),
                              layers.Dense(1, name="last")])
+
+
+def dropout_model():
+    """Dense, a seeded Dropout, Dense: the training flag changes the Dropout's output."""
+    return keras.Sequential([keras.Input((3,)), layers.Dense(4, name="first"), layers.Dropout(0.3, seed=1, name="drop"),
+                             layers.Dense(1, name="last")])

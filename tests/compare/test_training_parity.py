@@ -144,6 +144,29 @@ def test_a_step_that_never_zeroes_its_gradients_is_named(loop_parity):
     assert "zero_grad() left out" in report["likely cause"]
 
 
+@pytest.mark.parametrize("build, layer", [(parity_models.dropout_model, "drop"), (parity_models.batchnorm_model, "bn")])
+def test_a_step_in_inference_mode_is_named_with_the_first_layer_the_flag_changes(loop_parity, build, layer):
+    """The forward is not compared on one engine, so the report does not claim equal outputs: it finds the step's
+    loss equal to the objective in inference mode and names the first layer whose output the flag changes."""
+    report = failure(loop_parity, build, parity_loops.torch_step_in_inference_mode, X, Y, engine="torch", **FAST)
+    assert report["first stage"].startswith("first stage that differs: loss,"), report
+    assert report["likely cause"].startswith("likely cause: your step's loss is the objective in inference mode")
+    assert report["likely cause"].endswith(f"the first layer whose output the flag changes: {layer!r}")
+
+
+def test_a_fault_inside_a_step_that_clips_is_named_at_its_update(loop_parity):
+    """A step that clips its gradients itself hands the optimizer fit's gradients times one factor: that factor is
+    no fault (the same step without the planted fault passes), so the report goes on to the update, and names the one
+    kernel that moved against it (it blamed every weight's gradient)."""
+    spec = {**SGD, "global_clipnorm": parity_loops.CLIP}
+    loop_parity(parity_models.regularized, parity_loops.torch_step_clipping, X, Y, engine="torch", spec=spec, **FAST)
+    report = failure(loop_parity, parity_models.regularized, parity_loops.torch_step_clipping_with_a_sign_fault, X, Y,
+                     engine="torch", spec=spec, **FAST)
+    assert report["first stage"].startswith("first stage that differs: update,"), report
+    assert "gradient equal up to one factor" in report["stages"]
+    assert {r[1] for r in report["rows"]} == {report["rows"][0][1]} and report["rows"][0][1].endswith("kernel")
+
+
 def test_the_documented_report_is_this_codes():
     """docs/parity.md reads a report line by line, and the README quotes it: both are what the code prints, in a
     worker of its own, as a reader's first check runs (a worker that has run other checks first printed the last
