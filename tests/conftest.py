@@ -79,6 +79,12 @@ LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_verdict.py", "comp
                  "native/jax/test_loop.py", "keras_side/test_determinism.py", "keras_side/test_models.py"]
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    """The tier's tests (`tests.tiers.fast_only_on`: the others deselected, as a matrix's other rows are), longest
+    file first."""
+    deselected = [item for item in items if (mark := item.get_closest_marker("full_only")) and mark.args[0]]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(REPO / "tests").as_posix(), len(rank)))  # stable

@@ -4,6 +4,8 @@ paths, launchers × models): a row for each thing the code under test branches o
 `native-loops zoo`, `native-loops distributed`, `native-loops compare`."""
 import os
 
+import pytest
+
 FULL = os.environ.get("NATIVE_LOOPS_FULL_TESTS") == "1"
 
 
@@ -16,3 +18,14 @@ def rows(every, fast):
     if unknown:
         raise ValueError(f"the fast subset names rows the matrix does not have: {sorted(unknown)}")
     return every if FULL else [row for row, name in zip(every, names) if name in fast]
+
+
+
+def fast_only_on(condition: bool):
+    """A test that `make test` runs only where `condition` holds (one engine's suite, say, where the code under test
+    is engine-free) and `make test-full` everywhere: elsewhere it is deselected at collection (tests/conftest.py),
+    as a matrix's other rows are, never collected and skipped."""
+    return pytest.mark.full_only(not (FULL or condition))
+
+
+FULL_ONLY = fast_only_on(False)  # a test that only `make test-full` runs (its reason beside it)

@@ -19,6 +19,7 @@ from native.checkpoint import LOCK, CheckpointError, completed
 from tests.conftest import REPO, wait_for
 from tests.native.checkpoint_models import renamed_mlp, stateful_mlp
 from tests.native.conftest import ENGINE
+from tests.tiers import fast_only_on
 
 PATH = paths.get(f"{ENGINE}-native")
 CFG = TrainConfig(epochs=4, batch_size=256, seed=3)  # 2,263 training days: 9 steps an epoch
@@ -94,6 +95,7 @@ paths.get(sys.argv[5]).train(stateful_mlp(), data, cfg, checkpoint=folder, on_st
 HANG_GUARD_S = 600  # a bound on waiting for the other run to reach its first step: against a hang, not a speed
 
 
+@fast_only_on(ENGINE == "torch")  # the lock is engine-free (native/checkpoint.py): make test takes it on torch
 def test_a_second_run_on_a_checkpoint_folder_is_refused_in_one_line_and_the_first_resumes_bit_identically(
         har, tmp_path):
     """Two runs writing one folder deleted each other's temporary epochs (orbax's NOT_FOUND on JAX) and mixed their

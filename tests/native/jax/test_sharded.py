@@ -18,7 +18,7 @@ from native.jax import loop, sharded
 from tests.conftest import users_keras_home
 from tests.native import faults
 from tests.native.conftest import SHARDING_DEVICES
-from tests.tiers import rows
+from tests.tiers import FULL_ONLY, rows
 
 SPEC = {"epochs": 2, "batch_size": 100}  # the short last batch (63 rows) does not split: it is replicated
 CFG = TrainConfig(batch_order="numpy", validate=False, **SPEC)
@@ -134,6 +134,7 @@ def test_a_process_that_hangs_is_stopped_when_no_step_finishes(har, tmp_path):
     assert faults.processes_naming(tmp_path) == []
 
 
+@FULL_ONLY  # make test has the hang above, which ends the run; this one's line names the stopped process
 def test_a_stopped_process_is_named(har, tmp_path):
     """Process 1 stops itself (SIGSTOP) at its 5th step: the launcher's line names it, where a hang in code (the
     test above) looks to the system as the processes that wait for it do."""
