@@ -180,14 +180,17 @@ def worst(got, want, rtol: float, atol: float):
 
 
 def mismatches(names, grads, reference, rtol, atol):
-    """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair."""
+    """(weight, engine, against, index, value, expected, |diff|, allowed) for each failing weight and pair. Each
+    engine is judged against the float64 reference; two engines against each other within the sum of their two
+    allowances (each may be its allowance from float64, on either side of it: a correct pair of engines can be
+    twice it apart, as MultiHeadAttention's were, 1.19e-6 against 1.17e-6, each within tolerance of float64)."""
     rows = []
-    pairs = [(e, "float64", g, reference) for e, g in grads.items()]
+    pairs = [(e, "float64", g, reference, 1) for e, g in grads.items()]
     engines = list(grads)
-    pairs += [(a, b, grads[a], grads[b]) for i, a in enumerate(engines) for b in engines[i + 1:]]
-    for engine, against, got, want in pairs:
+    pairs += [(a, b, grads[a], grads[b], 2) for i, a in enumerate(engines) for b in engines[i + 1:]]
+    for engine, against, got, want, allowances in pairs:
         for name, g, w in zip(names, got, want, strict=True):
-            found = worst(g, w, rtol, atol)
+            found = worst(g, w, allowances * rtol, allowances * atol)
             if found:
                 rows.append((name, engine, against, *found))
     return rows

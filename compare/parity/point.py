@@ -107,6 +107,13 @@ def _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
         names = [str(n) for n in z["names"]]
         shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
         frozen = {k: z[k] for k in z.files if k.startswith("frozen")}  # non-trainable values, set on every engine
+        drawing = [str(s) for s in z["drawing"]]
+    if request["training"] and drawing:
+        raise ParityError(f"{request['build']} draws random numbers while training (layer {drawing[0]!r}), and "
+                          "each engine (and the float64 reference) draws its own, so with training=True its "
+                          f"{'outputs' if kind == 'forward' else 'gradients'} differ by design, not by a fault; "
+                          "compare with training=False, or its training within one engine (assert_training_matches, "
+                          "engines=[...])")
     if not names and kind == "grads":
         raise ParityError(f"{request['build']} has no trainable weights, so there is no gradient to compare; "
                           "unfreeze a layer (trainable=True), or compare the outputs (assert_forward_match)")
@@ -163,7 +170,7 @@ def _load_outputs(path: Path) -> tuple[list[str], list[np.ndarray]]:
 
 
 def _table(request, ref, rows, rtol, atol, kind="grads", names=()) -> str:
-    allowed = f"allowed |diff| = {atol:g} + {rtol:g}·|expected|"
+    allowed = f"allowed |diff| = {atol:g} + {rtol:g}·|expected| against float64, twice that between two engines"
     if kind == "grads":
         head = (f"gradient parity failed for {request['build']} (loss {request['loss']!r}; reference: float64 autograd "
                 f"on {ref}; {allowed})")

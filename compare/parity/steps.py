@@ -73,7 +73,8 @@ def trajectory(request: dict, send) -> dict:
     if "draw" in request:  # this engine's seeded initializers give every path on every engine its start
         model = _fresh(build, x, cfg.seed)
         np.savez(request["draw"], names=np.array([v.path for v in model.variables]),
-                 trainable=np.array([v.trainable for v in model.variables]), **named("w", state(model)))
+                 trainable=np.array([v.trainable for v in model.variables]), **named("w", state(model)),
+                 drawing=np.array([layer.name for layer in models.drawing_layers(model)], dtype=str))
         return {}
     with np.load(request["init"]) as z:
         names, init = [str(n) for n in z["names"]], [z[f"w_{i}"] for i in range(len(z["names"]))]
@@ -322,6 +323,7 @@ def parity(request: dict, send) -> dict:
         frozen = model.non_trainable_weights  # BatchNorm's statistics, a frozen layer's weights, seed states
         if "describe" in request:  # the trainable weights' names and shapes, and this engine's non-trainable values
             np.savez(request["describe"], names=np.array([v.path for v in variables]),
+                     drawing=np.array([layer.name for layer in models.drawing_layers(model)], dtype=str),
                      **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)},
                      **{f"frozen{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(frozen)})
             return {}

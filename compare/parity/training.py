@@ -208,6 +208,13 @@ def _check(build, own, x, y, runs, spec, steps, epochs, batch_size, seed, rtol, 
             with np.load(tmp / "init.npz") as z:
                 names, trainable = [str(s) for s in z["names"]], [bool(t) for t in z["trainable"]]
                 size = sum(z[f"w_{i}"].size for i in range(len(names)))
+                drawing = [str(s) for s in z["drawing"]]
+            if drawing and len(runs) > 1:
+                raise ParityError(f"{build} draws random numbers while training (layer {drawing[0]!r}), and each "
+                                  "engine draws from its own generator, so its training differs between engines by "
+                                  "design, not by a fault; compare it within one engine (engines=['"
+                                  f"{engines[0]}']), or across engines without the draws (assert_forward_match or "
+                                  "assert_gradients_match, training=False)")
             if not any(trainable):
                 raise ParityError(f"{build} has no trainable weights, so nothing trains; unfreeze a layer "
                                   "(trainable=True) or give another model")

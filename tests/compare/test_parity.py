@@ -251,3 +251,24 @@ def test_the_engine_free_core_imports_no_engine():
             "from compare import cli\nsys.exit(cli.main(['--help']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and "usage: native-loops" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_random_layer_in_training_mode_is_refused_before_it_is_blamed(forward_parity, grad_parity):
+    """With training=True each engine (and the float64 reference) draws its own Dropout masks: one line, no table."""
+    for check in (forward_parity, grad_parity):
+        args = (X3,) if check is forward_parity else (X3, Y)
+        with pytest.raises(ParityError, match="dropout_model draws random numbers while training \\(layer 'drop'\\)"):
+            check(parity_models.dropout_model, *args, training=True)
+    forward_parity(parity_models.dropout_model, X3)  # in inference mode it draws nothing: compared as any model
+
+
+def test_two_engines_each_within_tolerance_of_float64_are_within_both_allowances_of_each_other():
+    """Each engine may be its whole allowance from float64, on either side of it: a correct pair can be twice it
+    apart (MultiHeadAttention's engines, 1.19e-6 apart against 1.17e-6 allowed, were failed)."""
+    from compare.parity.common import mismatches
+
+    reference, allowed = [np.array([1.0])], 1e-6 + 1e-4 * 1.0
+    near = {"torch": [np.array([1.0 + 0.9 * allowed])], "jax": [np.array([1.0 - 0.9 * allowed])]}
+    assert mismatches(["w"], near, reference, 1e-4, 1e-6) == []
+    far = {"torch": [np.array([1.0 + 1.5 * allowed])], "jax": [np.array([1.0])]}
+    assert [(r[1], r[2]) for r in mismatches(["w"], far, reference, 1e-4, 1e-6)] == [("torch", "float64")]
