@@ -3,7 +3,8 @@
 # Both create .venv and install the pinned set (constraints.txt) once; the stamp is keyed on what was installed.
 # The set is for Python 3.11 on Linux x86-64, Linux aarch64 and macOS arm64, CPU builds (.ci/platforms.py).
 PYTHON ?= python3.11
-# DEVICE=cuda: the CUDA builds of torch, TensorFlow and JAX instead (Linux x86-64 with an NVIDIA GPU).
+# DEVICE=cuda: the CUDA builds of torch, TensorFlow and JAX instead (Linux x86-64 with an NVIDIA GPU); `newest`:
+# the newest releases, no pins (what `make test-newest` installs).
 DEVICE ?= cpu
 # Where torch's CPU build comes from on Linux: empty = found on its own (a wheel folder in pip's config) or else the
 # PyTorch CPU index; `none`, or another URL (a mirror), to decide yourself.
@@ -19,14 +20,14 @@ STAMP := $(VENV)/.installed-$(DEVICE)-$(shell cat constraints.txt pyproject.toml
 # Our processes never read the user's ~/.keras/keras.json (it may name an engine that is not installed).
 export KERAS_HOME := $(CURDIR)/.keras_home
 
-.PHONY: setup compare bench walk-forward test test-full check-platforms clean
+.PHONY: setup compare bench walk-forward test test-full test-newest check-platforms clean
 
 setup: $(STAMP)
 
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "native-loops: $(PYTHON) not found: install Python 3.11," \
 		"or run make with PYTHON=/path/to/python3.11" >&2; exit 2; }
-	@$(PYTHON) -c '$(CHECK_PYTHON)'
+	@$(if $(filter newest,$(DEVICE)),true,$(PYTHON) -c '$(CHECK_PYTHON)')
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python .ci/platforms.py install --device $(DEVICE) --torch-index '$(TORCH_INDEX)'
 	rm -f $(VENV)/.installed-*
@@ -59,9 +60,17 @@ test: $(STAMP)
 test-full:
 	NATIVE_LOOPS_FULL_TESTS=1 $(MAKE) test
 
+# The same tests on the newest releases the package index has for NEWEST_PYTHON (Python 3.11 to 3.13): no
+# constraints.txt, what `pip install native-loops[all]` gives a user today, in their own environment. Its last
+# result is in docs/setup.md. Linux's newest torch is a CUDA build of several GB; `rm -r .venv-newest` to take releases
+# newer than its first install.
+NEWEST_PYTHON ?= python3.12
+test-newest:
+	$(MAKE) test VENV=.venv-newest PYTHON=$(NEWEST_PYTHON) DEVICE=newest
+
 # pip's dry run of the install above for each platform we support (needs the package index; not in `make test`).
 check-platforms: $(STAMP)
 	$(BIN)/python .ci/platforms.py check
 
 clean:
-	rm -rf $(VENV) .keras_home .pytest_cache
+	rm -rf $(VENV) .venv-newest .keras_home .pytest_cache

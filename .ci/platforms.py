@@ -1,8 +1,8 @@
 """The pinned set on every platform we support: which pins apply where, how `make` installs them, and pip's own
 dry run for each platform.
 
-    python .ci/platforms.py install [--device cpu|cuda]  # what `make` runs with .venv's Python
-    python .ci/platforms.py check [--only NAME ...]    # `make check-platforms`: resolve the set for each platform
+    python .ci/platforms.py install [--device cpu|cuda|newest]  # what `make` runs with .venv's Python
+    python .ci/platforms.py check [--only NAME ...]           # `make check-platforms`: the set on each platform
 
 The pins themselves live in constraints.txt, with environment markers where a platform needs another build:
 torch's CPU build is `2.13.0+cpu` on Linux, from the PyTorch CPU index (the default index's Linux wheels, x86-64
@@ -95,11 +95,12 @@ def _constraints(cuda: bool) -> list[str]:
 
 
 def install(device, index_override):
-    """Install the pinned set into this Python (.venv's), printing the pip command first, as make would. What pip
-    cannot do well is refused first, in one line: a platform without the set's wheels, a venv without pip, a venv
-    that holds the other DEVICE's set (CPU and CUDA builds of TensorFlow share one package folder)."""
+    """Install the pinned set into this Python (.venv's), or with `newest` the newest releases the index has
+    (`make test-newest`), printing the pip command first, as make would. What pip cannot do well is refused first,
+    in one line: a platform without the set's wheels, a venv without pip, a venv that holds the other DEVICE's set
+    (CPU and CUDA builds of TensorFlow share one package folder)."""
     here = (sys.platform, platform.machine())
-    if here not in SUPPORTED:
+    if here not in SUPPORTED and device != "newest":
         fail(f"the pinned set has CPU builds for Linux x86-64, Linux aarch64 and macOS arm64, not {here[0]} "
              f"{here[1]} (torch 2.13 has no wheel for it)")
     if device == "cuda" and here != ("linux", "x86_64"):
@@ -110,7 +111,9 @@ def install(device, index_override):
     if marker.exists() and marker.read_text().strip() != device:
         fail(f"{sys.prefix} holds the DEVICE={marker.read_text().strip()} set: run `make clean` before installing "
              f"DEVICE={device}")
-    if device == "cpu":
+    if device == "newest":  # what `pip install native-loops[all]` gives a user today: no pins of ours
+        args = ["install", "--upgrade", "--upgrade-strategy", "eager", "-e", f"{ROOT}[all,test]"]
+    elif device == "cpu":
         index = torch_index(override=index_override)
         args = ["install", "-c", str(CONSTRAINTS), *(["--extra-index-url", index] if index else []),
                 "-e", f"{ROOT}[all,test]"]
@@ -233,7 +236,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog=".ci/platforms.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     setup = commands.add_parser("install")
-    setup.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    setup.add_argument("--device", choices=("cpu", "cuda", "newest"), default="cpu")
     setup.add_argument("--torch-index", default="", help="'none', or the URL of torch's CPU wheels (Linux)")
     verify = commands.add_parser("check")
     verify.add_argument("--only", nargs="*", choices=[t.name for t in PLATFORMS])
