@@ -71,6 +71,13 @@ def torch_step_clipping(model, optimizer, x, y):
 CLIP = 0.1  # the spec's global_clipnorm in the clipping tests: gradients here are ~1, so every step clips
 
 
+def torch_sgd(params):
+    """A user's own optimizer: torch's SGD with the clipping tests' rate, which clips nothing itself."""
+    import torch
+
+    return torch.optim.SGD(params, lr=0.05)
+
+
 def torch_adam(params):
     """Planted fault, as a user's optimizer: torch's stock Adam with the spec's numbers; its epsilon is added after
     the bias correction, where Keras adds it before."""

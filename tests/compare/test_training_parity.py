@@ -167,6 +167,18 @@ def test_a_fault_inside_a_step_that_clips_is_named_at_its_update(loop_parity):
     assert {r[1] for r in report["rows"]} == {report["rows"][0][1]} and report["rows"][0][1].endswith("kernel")
 
 
+def test_a_step_with_its_own_optimizer_that_leaves_out_the_clip_is_named_at_the_update(loop_parity):
+    """With the user's own optimizer the fixture clips nothing for the step: a step that leaves out the clip `fit`'s
+    spec asks for fails at the update, where the clip applies; the same step with `clip_grad_norm_` passes."""
+    spec = {**SGD, "global_clipnorm": parity_loops.CLIP}
+    report = failure(loop_parity, parity_models.regularized, parity_loops.torch_step, X, Y, engine="torch", spec=spec,
+                     optimizer=parity_loops.torch_sgd, **FAST)
+    assert report["first stage"].startswith("first stage that differs: update,"), report
+    assert "where the clip applies" in report["likely cause"]
+    loop_parity(parity_models.regularized, parity_loops.torch_step_clipping, X, Y, engine="torch", spec=spec,
+                optimizer=parity_loops.torch_sgd, **FAST)
+
+
 def test_the_documented_report_is_this_codes():
     """docs/parity.md reads a report line by line, and the README quotes it: both are what the code prints, in a
     worker of its own, as a reader's first check runs (a worker that has run other checks first printed the last
