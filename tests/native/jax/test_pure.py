@@ -15,6 +15,8 @@ from keras_side.losses import training_loss
 from keras_side.spec import TrainConfig
 from native.jax import loop, optim
 from native.jax.host import PureModel
+from tests.native import users_models
+from tests import tiers
 
 CFG = TrainConfig(epochs=2, validate=False)
 
@@ -103,6 +105,65 @@ def test_a_loop_of_yours_over_an_iterator_of_batches_ends_where_fit_ends(har):
 
     model = fresh()
     pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), training_loss(cfg)
+
+    @jax.jit
+    def step(state, opt_state, x, y):
+        def loss_of(trainable):
+            outputs, new_state, losses = pure.apply((trainable, state[1]), x, training=True)
+            return loss_fn(y, outputs) + losses, new_state
+        (loss, new_state), grads = jax.value_and_grad(loss_of, has_aux=True)(state[0])
+        updates, opt_state = optimizer.update(grads, opt_state, state[0])
+        return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
+
+    state = pure.init()
+    opt_state = optimizer.init(state[0])
+    for _ in range(epochs):
+        for xb, yb in batches():
+            state, opt_state, _ = step(state, opt_state, xb, yb)
+    pure.write_back(state)
+    for got, expected in zip(model.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+# make test: the state threaded (BatchNorm), two inputs, a layer's own loss; the recurrent and attention models, which
+# compile longest, in make test-full (torch's test takes all six in make test).
+@pytest.mark.parametrize("name", tiers.rows(list(users_models.MODELS), fast=["two_inputs", "add_loss", "batchnorm"]))
+def test_a_users_model_trains_through_the_pure_model_as_fit_trains_it(name):
+    """The six models of a user's own (tests/native/users_models.py), each through `PureModel` in a jitted step of
+    the user's with the package's Keras-exact optax Adam, fed by an iterator of the user's batches, and through `fit`
+    fed the same batches (a PyDataset): the same weights, to the bit (BatchNorm's statistics and the dropout seed
+    states threaded)."""
+    import keras
+
+    from keras_side.arrays import take
+    from keras_side.optimizers import keras_optimizer
+
+    x, y = users_models.data(name)
+    cfg, epochs = TrainConfig(learning_rate=0.01), 3
+
+    def batches():
+        for rows in batch_slices(len(y), 32):
+            xb = take(x, rows)
+            yield (list(xb) if isinstance(xb, tuple) else xb), y[rows]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return len(batch_slices(len(y), 32))
+
+        def __getitem__(self, i):
+            return list(batches())[i]
+
+    def fresh():
+        keras.backend.clear_session()
+        seed_everything(0)
+        return users_models.MODELS[name]()
+
+    want = fresh()
+    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want.fit(Batches(), epochs=epochs, shuffle=False, verbose=0)
+
+    model = fresh()
+    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), keras.losses.MeanSquaredError()
 
     @jax.jit
     def step(state, opt_state, x, y):

@@ -13,6 +13,7 @@ from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
 from native.torch import optim
 from native.torch.host import KerasModule
+from tests.native import users_models
 
 
 def mlp(first: str, second: str, dropout: bool = False):
@@ -199,3 +200,45 @@ def test_a_checkpoint_resumes_bit_identically_in_a_process_that_built_other_mode
     with pytest.raises(ValueError, match="holds 1 generator\\(s\\) and a scheduler; give load_checkpoint the same"):
         load_checkpoint(tmp_path / "ckpt.pt", *resumed[:3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # written whole: no temporary left
+
+
+@pytest.mark.parametrize("name", list(users_models.MODELS))
+def test_a_users_model_trains_through_keras_module_as_fit_trains_it(name):
+    """Six models of a user's own (LayerNorm + Dropout + L2, attention, a masked GRU with dropout, two inputs, an
+    `add_loss` layer, BatchNorm), each through `KerasModule` in a plain torch loop over a `DataLoader` of the user's
+    data, and through `fit` over the same loader: the same weights, to the bit."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from keras_side.optimizers import keras_optimizer
+
+    x, y = users_models.data(name)
+
+    class Rows(Dataset):  # ((inputs...), target) per row: the loader batches each input
+        def __len__(self):
+            return len(y)
+
+        def __getitem__(self, i):
+            return (tuple(a[i] for a in x) if isinstance(x, tuple) else x[i]), y[i]
+
+    cfg = TrainConfig(learning_rate=0.01)
+
+    def fresh():
+        keras.backend.clear_session()
+        seed_everything(0)
+        return users_models.MODELS[name]()
+
+    want = fresh()
+    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want.fit(DataLoader(Rows(), batch_size=32), epochs=3, verbose=0)
+
+    module = KerasModule(fresh())
+    optimizer, loss_fn = optim.exact_optimizer(list(module.parameters()), cfg), keras.losses.MeanSquaredError()
+    module.train()
+    for _ in range(3):
+        for xb, yb in DataLoader(Rows(), batch_size=32):
+            optimizer.zero_grad()
+            loss = loss_fn(yb, module(xb)) + sum(module.losses)
+            loss.backward()
+            optimizer.step()
+    for got, expected in zip(module.model.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)
