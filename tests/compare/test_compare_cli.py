@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -511,8 +512,15 @@ def test_a_cache_entry_cut_short_is_dropped_so_jax_writes_again(tmp_path, monkey
 
     with monkeypatch.context() as undropped:  # the control: as JAX leaves the folder
         undropped.setattr(backend, "drop_cut_short", lambda folder: None)
-        assert "Error writing persistent compilation cache" in jax_process(backend.jax_cache_environment())
-    assert not list(cache.glob("jit_*"))
+        failed = "Error writing persistent compilation cache" in jax_process(backend.jax_cache_environment())
+    # The pinned JAX (0.10.2) fails its writes there; a JAX that writes anyway (0.12.0.1 does: make test-newest)
+    # needs no drop, which then costs it nothing.
+    jax_version = metadata.version("jax")
+    assert failed or jax_version != "0.10.2", f"jax {jax_version} wrote beside a cut-short entry: the premise moved"
+    if failed:
+        assert not list(cache.glob("jit_*"))
+    for entry in cache.glob("jit_*"):  # what a JAX that writes anyway wrote: the run below writes its own
+        entry.unlink()
     env = backend.jax_cache_environment()
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["whole-atime", "whole-cache"]
     assert "compilation cache" not in jax_process(env)

@@ -54,14 +54,17 @@ def test_the_cuda_set_refuses_torchs_cpu_build_and_drops_the_cpu_pins():
 
 
 def test_another_python_is_refused_in_one_line_by_the_makefile():
-    """The Makefile's check is Python any interpreter runs (2.7 included): this one passes, another version is one
-    line and exit 2. (Run here with this interpreter and the version it expects changed.)"""
+    """The Makefile's check is Python any interpreter runs (2.7 included): the version it expects passes, another
+    version is one line and exit 2. (Run here with this interpreter, the version it expects set to this one's, then
+    to another: `make test-newest` runs the suite on another Python.)"""
     makefile = (REPO / "Makefile").read_text()
     code = re.search(r"CHECK_PYTHON := (.*?)\nVENV", makefile, re.S)[1].replace("\\\n\t", "")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    here = "%d.%d" % sys.version_info[:2]
+    assert '"3.11"' in code
+    assert subprocess.run([sys.executable, "-c", code.replace('"3.11"', f'"{here}"')]).returncode == 0
     other = subprocess.run([sys.executable, "-c", code.replace('"3.11"', '"3.99"')], capture_output=True, text=True)
     assert other.returncode == 2 and other.stderr.count("\n") == 1
-    assert other.stderr.startswith(f"native-loops: {sys.executable} is Python 3.11; the pinned set")
+    assert other.stderr.startswith(f"native-loops: {sys.executable} is Python {here}; the pinned set")
 
 
 @pytest.mark.parametrize("here, device, message", [
