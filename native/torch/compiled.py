@@ -151,6 +151,10 @@ def compiled_gradient(model, loss_fn, draws: Draws | None = None):
             else:
                 outputs = model(keras_inputs(xb), training=True)
             losses = model.losses
+        # Each layer that added a loss in the scope keeps its id() in a set; traced, torch 2.15's dynamo cannot write
+        # such an id back into the layer when the graph ends ("Reconstruction of FakeIdVariable"): emptied here,
+        # in the graph, no id outlives the step (the ids matter only inside the scope).
+        internals.clear_losses(model)
         loss = loss_fn(yb, outputs, wb)
         total = loss + sum(losses) if losses else loss
         return total, (total, outputs)
