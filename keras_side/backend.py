@@ -130,6 +130,11 @@ def keras_defaults() -> None:
     keras.config.set_max_steps_per_epoch(None)
 
 
+def not_installed(name: str) -> str:
+    """The one line for an engine this environment lacks, with the install that brings it."""
+    return f"{name} is not installed; pip install 'native-loops[{name}]' brings it (`make setup` brings every engine)"
+
+
 def use_backend(name: str) -> None:
     """Request `name` for this process; call it before anything imports keras.
 
@@ -139,8 +144,7 @@ def use_backend(name: str) -> None:
     if name not in ENGINES:
         raise BackendError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
     if not engine_installed(name):
-        raise BackendError(f"{name} is not installed; `make setup` installs every engine "
-                           f"(or pip install 'native-loops[tensorflow]' for TensorFlow)")
+        raise BackendError(not_installed(name))
     keras = sys.modules.get("keras")
     if keras is not None and keras.config.backend() != name:
         raise BackendError(

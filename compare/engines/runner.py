@@ -22,7 +22,8 @@ import numpy as np
 
 from compare.data import reference
 from compare.errors import NativeLoopsError
-from keras_side.backend import JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment
+from keras_side.backend import (JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment,
+                                not_installed)
 from keras_side.data import HarData
 from keras_side.process import interrupts_held, with_parent
 from keras_side.spec import TrainConfig
@@ -153,8 +154,7 @@ class Pool:
 
     def __init__(self, engines: list[str], folder: Path, *, jobs: int = JOBS, env: dict[str, str] | None = None,
                  compile_cache: bool = False):
-        missing = {e: f"{e} is not installed; `make setup` installs every engine"
-                   for e in engines if not engine_installed(e)}
+        missing = {e: not_installed(e) for e in engines if not engine_installed(e)}
         self.outcome, self.jobs = Outcome(Path(folder), list(engines), missing), jobs
         self.quiet_limit, self.startup_limit = QUIET_LIMIT_S, STARTUP_LIMIT_S  # read here, so a test can shorten them
         self.failed, self.engine_folder = self.outcome.failed, self.outcome.engine_folder

@@ -44,9 +44,16 @@ def test_active_backend_is_this_process_engine():
 
 
 def test_requesting_another_backend_after_import_fails_clearly():
-    other = next(e for e in ("torch", "jax", "tensorflow") if e != ENGINE)
-    with pytest.raises(backend.BackendError, match=f"already imported with backend '{ENGINE}'.*KERAS_BACKEND={other}"):
-        backend.use_backend(other)
+    """Another installed engine: Keras is imported already; one that is not installed (a `[jax]`-only install): the
+    extra that installs it."""
+    others = [e for e in ("torch", "jax", "tensorflow") if e != ENGINE]
+    installed = [e for e in others if backend.engine_installed(e)]
+    for other in installed:
+        with pytest.raises(backend.BackendError, match=f"already imported with backend '{ENGINE}'.*={other}"):
+            backend.use_backend(other)
+    for other in set(others) - set(installed):
+        with pytest.raises(backend.BackendError, match=f"{other} is not installed; pip install 'native-loops.{other}"):
+            backend.use_backend(other)
     backend.use_backend(ENGINE)  # the same engine is fine
     with pytest.raises(backend.BackendError, match="unknown engine 'mxnet'"):
         backend.use_backend("mxnet")
@@ -59,7 +66,7 @@ def test_engine_environment_never_uses_the_users_keras_dir():
 
 def test_a_missing_engine_is_named_with_the_fix(monkeypatch):
     monkeypatch.setattr(backend, "engine_installed", lambda name: False)
-    with pytest.raises(backend.BackendError, match=f"{ENGINE} is not installed; `make setup`"):
+    with pytest.raises(backend.BackendError, match=f"{ENGINE} is not installed; pip install 'native-loops.{ENGINE}.'"):
         backend.use_backend(ENGINE)
 
 
