@@ -47,6 +47,24 @@ def batchnorm():
 MODELS = {f.__name__: f for f in (layernorm_dropout, attention, masked_gru, two_inputs, add_loss, batchnorm)}
 
 
+def fresh(name: str):
+    """Model `name` built afresh from seed 0: the same initial weights each time."""
+    from keras_side.determinism import seed_everything
+
+    keras.backend.clear_session()
+    seed_everything(0)
+    return MODELS[name]()
+
+
+def compiled(name: str, cfg):
+    """`fresh(name)` compiled as `fit` trains it: the spec's Keras optimizer, MSE."""
+    from keras_side.optimizers import keras_optimizer
+
+    model = fresh(name)
+    model.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    return model
+
+
 def data(name: str, rows: int = 96, seed: int = 0):
     """`(x, y)` NumPy float32 arrays for model `name`: x one array, or a tuple for two inputs; a masked GRU's
     sequences end in zero rows (masked) of varying length."""

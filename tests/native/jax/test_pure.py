@@ -21,10 +21,8 @@ from tests import tiers
 CFG = TrainConfig(epochs=2, validate=False)
 
 
-def users_loop(model, data, cfg, *, donate: bool):
-    """What a JAX user writes: the step over `PureModel.apply`, the optimizer's state beside the model's."""
-    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), training_loss(cfg)
-
+def users_step(pure, optimizer, loss_fn, *, donate: bool = False):
+    """What a JAX user writes: a jitted step over `PureModel.apply`, the optimizer's state beside the model's."""
     @functools.partial(jax.jit, donate_argnums=0 if donate else ())
     def step(state, opt_state, x, y):
         def loss_of(trainable):
@@ -34,6 +32,13 @@ def users_loop(model, data, cfg, *, donate: bool):
         updates, opt_state = optimizer.update(grads, opt_state, state[0])
         return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
 
+    return step
+
+
+def users_loop(model, data, cfg, *, donate: bool):
+    """The user's step over the reference loop's batch orders."""
+    pure, optimizer = PureModel(model), optim.build(cfg)
+    step = users_step(pure, optimizer, training_loss(cfg), donate=donate)
     state = pure.init()
     opt_state = optimizer.init(state[0])
     for order in np.asarray(loop.batch_orders(cfg, data.n_train)):  # the reference loop's batch orders
@@ -71,63 +76,9 @@ def test_an_unbuilt_model_is_one_line():
         PureModel(keras.Sequential([keras.layers.Dense(1)]))
 
 
-def test_a_loop_of_yours_over_an_iterator_of_batches_ends_where_fit_ends(har):
-    """A JAX user's data: an iterator of `(x, y)` NumPy batches, the short last one included. A jitted step over
-    `PureModel` with the package's Keras-exact optax Adam, fed by that iterator, ends on the weights of `fit` fed the
-    same batches (a `keras.utils.PyDataset`), to the bit, a seeded Dropout's state threaded."""
-    import keras
-
-    from keras_side.optimizers import keras_optimizer
-
-    cfg, epochs = TrainConfig(learning_rate=0.05), 3
-    order = np.random.default_rng(0).permutation(200)
-    x, y = har.x_train[order], har.y_train[order]
-
-    def batches():  # one pass over the user's data
-        for rows in batch_slices(len(x), 32):
-            yield x[rows], y[rows]
-
-    class Batches(keras.utils.PyDataset):
-        def __len__(self):
-            return len(batch_slices(len(x), 32))
-
-        def __getitem__(self, i):
-            return list(batches())[i]
-
-    def fresh():
-        keras.backend.clear_session()
-        seed_everything(0)
-        return models.ensure_built(models.dropout_mlp(), x)
-
-    want = fresh()
-    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
-    want.fit(Batches(), epochs=epochs, shuffle=False, verbose=0)  # the batches in the order given
-
-    model = fresh()
-    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), training_loss(cfg)
-
-    @jax.jit
-    def step(state, opt_state, x, y):
-        def loss_of(trainable):
-            outputs, new_state, losses = pure.apply((trainable, state[1]), x, training=True)
-            return loss_fn(y, outputs) + losses, new_state
-        (loss, new_state), grads = jax.value_and_grad(loss_of, has_aux=True)(state[0])
-        updates, opt_state = optimizer.update(grads, opt_state, state[0])
-        return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
-
-    state = pure.init()
-    opt_state = optimizer.init(state[0])
-    for _ in range(epochs):
-        for xb, yb in batches():
-            state, opt_state, _ = step(state, opt_state, xb, yb)
-    pure.write_back(state)
-    for got, expected in zip(model.get_weights(), want.get_weights(), strict=True):
-        np.testing.assert_array_equal(got, expected)
-
-
-# make test: the state threaded (BatchNorm), two inputs, a layer's own loss; the recurrent and attention models, which
-# compile longest, in make test-full (torch's test takes all six in make test).
-@pytest.mark.parametrize("name", tiers.rows(list(users_models.MODELS), fast=["two_inputs", "add_loss", "batchnorm"]))
+# make test: the state threaded (BatchNorm), two inputs, a seeded Dropout; the recurrent and attention models, which
+# compile longest, and the add_loss layer in make test-full (torch's test takes all six in make test).
+@pytest.mark.parametrize("name", tiers.rows(list(users_models.MODELS), fast=["two_inputs", "layernorm_dropout", "batchnorm"]))
 def test_a_users_model_trains_through_the_pure_model_as_fit_trains_it(name):
     """The six models of a user's own (tests/native/users_models.py), each through `PureModel` in a jitted step of
     the user's with the package's Keras-exact optax Adam, fed by an iterator of the user's batches, and through `fit`
@@ -136,7 +87,6 @@ def test_a_users_model_trains_through_the_pure_model_as_fit_trains_it(name):
     import keras
 
     from keras_side.arrays import take
-    from keras_side.optimizers import keras_optimizer
 
     x, y = users_models.data(name)
     cfg, epochs = TrainConfig(learning_rate=0.01), 3
@@ -153,27 +103,12 @@ def test_a_users_model_trains_through_the_pure_model_as_fit_trains_it(name):
         def __getitem__(self, i):
             return list(batches())[i]
 
-    def fresh():
-        keras.backend.clear_session()
-        seed_everything(0)
-        return users_models.MODELS[name]()
+    want = users_models.compiled(name, cfg)
+    want.fit(Batches(), epochs=epochs, shuffle=False, verbose=0)  # the batches in the order given
 
-    want = fresh()
-    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
-    want.fit(Batches(), epochs=epochs, shuffle=False, verbose=0)
-
-    model = fresh()
-    pure, optimizer, loss_fn = PureModel(model), optim.build(cfg), keras.losses.MeanSquaredError()
-
-    @jax.jit
-    def step(state, opt_state, x, y):
-        def loss_of(trainable):
-            outputs, new_state, losses = pure.apply((trainable, state[1]), x, training=True)
-            return loss_fn(y, outputs) + losses, new_state
-        (loss, new_state), grads = jax.value_and_grad(loss_of, has_aux=True)(state[0])
-        updates, opt_state = optimizer.update(grads, opt_state, state[0])
-        return (optax.apply_updates(state[0], updates), new_state[1]), opt_state, loss
-
+    model = users_models.fresh(name)
+    pure, optimizer = PureModel(model), optim.build(cfg)
+    step = users_step(pure, optimizer, keras.losses.MeanSquaredError())
     state = pure.init()
     opt_state = optimizer.init(state[0])
     for _ in range(epochs):

@@ -209,8 +209,6 @@ def test_a_users_model_trains_through_keras_module_as_fit_trains_it(name):
     data, and through `fit` over the same loader: the same weights, to the bit."""
     from torch.utils.data import DataLoader, Dataset
 
-    from keras_side.optimizers import keras_optimizer
-
     x, y = users_models.data(name)
 
     class Rows(Dataset):  # ((inputs...), target) per row: the loader batches each input
@@ -221,17 +219,10 @@ def test_a_users_model_trains_through_keras_module_as_fit_trains_it(name):
             return (tuple(a[i] for a in x) if isinstance(x, tuple) else x[i]), y[i]
 
     cfg = TrainConfig(learning_rate=0.01)
-
-    def fresh():
-        keras.backend.clear_session()
-        seed_everything(0)
-        return users_models.MODELS[name]()
-
-    want = fresh()
-    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want = users_models.compiled(name, cfg)
     want.fit(DataLoader(Rows(), batch_size=32), epochs=3, verbose=0)
 
-    module = KerasModule(fresh())
+    module = KerasModule(users_models.fresh(name))
     optimizer, loss_fn = optim.exact_optimizer(list(module.parameters()), cfg), keras.losses.MeanSquaredError()
     module.train()
     for _ in range(3):
