@@ -20,8 +20,7 @@ EXCERPTS = [(page, *re.match(r"# excerpt: (\S+)\n(.*)", code, re.S).groups()) fo
 
 
 def test_the_embedding_page_has_a_snippet_per_engine():
-    assert sorted(engine for page, engine, _ in SNIPPETS if page == "docs/embedding.md") == ["jax", "tensorflow",
-                                                                                               "torch"]
+    assert {engine for page, engine, _ in SNIPPETS if page == "docs/embedding.md"} == {"jax", "tensorflow", "torch"}
 
 
 def test_every_page_is_linked_from_the_readme():
