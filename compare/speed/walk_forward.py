@@ -70,7 +70,7 @@ class Windows:
 
     @cached_property
     def dates_next(self) -> np.ndarray:
-        return np.where(self.next_mask, self._next(self.dates), np.datetime64("NaT"))
+        return np.where(self.next_mask, self._next(self.dates), np.datetime64("NaT", "ns"))
 
     @property
     def refit_dates(self) -> np.ndarray:
@@ -128,7 +128,7 @@ def build_windows(panel: pd.DataFrame, assets, split: str, end: str | None, ever
     refits = [range(first, len(d), every) for d, first in designs]
     a, r = len(designs), max(len(t) for t in refits)
     x, y = np.zeros((a, n, 3)), np.zeros((a, n))
-    dates, rows = np.full((a, n), np.datetime64("NaT"), "datetime64[ns]"), np.zeros((a, r), np.int64)
+    dates, rows = np.full((a, n), np.datetime64("NaT", "ns"), "datetime64[ns]"), np.zeros((a, r), np.int64)
     for i, ((design, _), starts) in enumerate(zip(designs, refits)):
         k = len(design)
         x[i, :k], y[i, :k] = design[list(HAR)].to_numpy(), design["y"].to_numpy()
