@@ -126,7 +126,7 @@ def test_a_loop_of_yours_over_a_dataloader_ends_where_fit_over_it_ends():
     def fit(shuffle: bool):
         model = fresh()
         model.compile(optimizer=keras_optimizer(cfg), loss="mse")
-        model.fit(loader(shuffle), epochs=epochs, verbose=0)
+        model.fit(loader(shuffle), epochs=epochs, shuffle=False, verbose=0)  # the loader shuffles
         return model.get_weights()
 
     def yours(shuffle: bool, as_fit_draws: bool = False):
@@ -220,7 +220,7 @@ def test_a_users_model_trains_through_keras_module_as_fit_trains_it(name):
 
     cfg = TrainConfig(learning_rate=0.01)
     want = users_models.compiled(name, cfg)
-    want.fit(DataLoader(Rows(), batch_size=32), epochs=3, verbose=0)
+    want.fit(DataLoader(Rows(), batch_size=32), epochs=3, shuffle=False, verbose=0)  # the loader's order
 
     module = KerasModule(users_models.fresh(name))
     optimizer, loss_fn = optim.exact_optimizer(list(module.parameters()), cfg), keras.losses.MeanSquaredError()
