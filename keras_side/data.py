@@ -174,8 +174,10 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
     return found, cfg
 
 
-def _model_order(model, value, what: str):
-    """One array, or a tuple of arrays in the model's input (output) order: a dict is ordered by the names."""
+def verb_inputs(model, value, what: str = "x"):
+    """What a verb (`grad_at`, `predict`) was given, as the loops carry it: a dict of arrays keyed by the model's input
+    (`what="y"`: output) names as a tuple in the model's order; anything else as `verb_arrays` takes it (arrays of
+    any engine as they are)."""
     if isinstance(value, dict):
         kind = "input" if what.startswith("x") else "output"
         if isinstance(getattr(model, kind, None), dict):
@@ -187,7 +189,13 @@ def _model_order(model, value, what: str):
             raise SpecError(f"{what} is a dict of {sorted(value)} but the model's {kind}s are named {names}; give "
                             f"one array per {kind}, keyed by its name (or a tuple in the model's order)")
         value = tuple(value[n] for n in names)
-    value = verb_arrays(value, "x" if what.startswith("x") else "y")
+    return verb_arrays(value, "x" if what.startswith("x") else "y")
+
+
+def _model_order(model, value, what: str):
+    """One NumPy array, or a tuple of them in the model's input (output) order (`verb_inputs`), floats cast to the
+    model's dtype."""
+    value = verb_inputs(model, value, what)
     dtype = np.float64 if getattr(model, "compute_dtype", None) == "float64" else np.float32
 
     def cast(a):

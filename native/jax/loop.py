@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from keras_side.arrays import keras_inputs, output_arrays, take, verb_arrays
+from keras_side.arrays import keras_inputs, output_arrays, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, as_data, batch_slices, numpy_orders
+from keras_side.data import HarData, as_data, batch_slices, numpy_orders, verb_inputs
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built, weight_constraints
@@ -199,7 +199,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
     outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
     which gets the targets and predictions as they are."""
-    x, y = verb_arrays(x), verb_arrays(y, "y")
+    x, y = verb_inputs(model, x), verb_inputs(model, y, "y")
     ensure_built(model, x)
     non_trainable = [v.value for v in model.non_trainable_variables]
     x, y = jax.tree.map(jnp.asarray, (x, y))
@@ -216,7 +216,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 def predict(model, x):
     """Inference-mode predictions through `stateless_call`, as NumPy (several outputs: a tuple of arrays, one
     each)."""
-    x = verb_arrays(x)
+    x = verb_inputs(model, x)
     ensure_built(model, x)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]

@@ -15,10 +15,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from keras_side.arrays import keras_inputs, output_arrays, verb_arrays
+from keras_side.arrays import keras_inputs, output_arrays
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import as_data, batch_slices, numpy_orders
+from keras_side.data import as_data, batch_slices, numpy_orders, verb_inputs
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built, state_kept
@@ -145,7 +145,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     the batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
     outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
     which gets the targets and predictions as they are."""
-    x, y = verb_arrays(x), verb_arrays(y, "y")
+    x, y = verb_inputs(model, x), verb_inputs(model, y, "y")
     ensure_built(model, x)
     with state_kept(model), tf.GradientTape() as tape:  # at the current state: training=True would move it
         target, pred = as_fit_shapes(keras_inputs(y), model(keras_inputs(x), training=training))
@@ -159,7 +159,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 
 def predict(model, x):
     """Inference-mode predictions as NumPy (several outputs: a tuple of arrays, one each)."""
-    x = verb_arrays(x)
+    x = verb_inputs(model, x)
     ensure_built(model, x)
     outputs = model(keras_inputs(x), training=False)
     return output_arrays(tf.nest.map_structure(lambda t: t.numpy(), outputs))

@@ -17,10 +17,10 @@ import warnings
 import numpy as np
 import torch
 
-from keras_side.arrays import keras_inputs, take, verb_arrays
+from keras_side.arrays import keras_inputs, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import as_data, batch_slices, numpy_orders
+from keras_side.data import as_data, batch_slices, numpy_orders, verb_inputs
 from keras_side.internals import global_generator_layers
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
@@ -158,7 +158,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     the batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
     outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
     which gets the targets and predictions as they are."""
-    x, y = verb_arrays(x), verb_arrays(y, "y")
+    x, y = verb_inputs(model, x), verb_inputs(model, y, "y")
     ensure_built(model, x)
     device = next(model.parameters()).device
     with state_kept(model):  # the gradient at the current state: training=True would move BatchNorm's statistics
@@ -174,7 +174,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 def predict(model, x):
     """Inference-mode predictions as NumPy (several outputs: a tuple of arrays, one each; a half-precision model's
     as float32, since NumPy has no bfloat16)."""
-    x = verb_arrays(x)
+    x = verb_inputs(model, x)
     ensure_built(model, x)
     outputs = model(keras_inputs(tensors(x, next(model.parameters()).device)), training=False)
     numpy = lambda t: (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).cpu().numpy()  # noqa: E731

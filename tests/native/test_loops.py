@@ -697,6 +697,10 @@ def test_a_users_arrays_train_as_fit_trains_them():
     assert got.units == "as given" and got.test_pred.shape == (32, 1)
     alone = loop.train(fresh(), (x, y), cfg.replace(epochs=1))  # no validation_data: none, as in fit
     assert alone.val_loss == [] and len(alone.train_loss) == 1
+    ordered = tuple(x[name].astype(np.float32) for name in ("returns", "volumes"))  # the verbs take the dict too
+    np.testing.assert_array_equal(loop.predict(model, x), loop.predict(model, ordered))
+    for by_name, by_order in zip(loop.grad_at(model, x, y), loop.grad_at(model, ordered, y), strict=True):
+        np.testing.assert_array_equal(by_name, by_order)
 
 
 def test_a_users_bad_arrays_are_one_line_naming_them():
