@@ -345,11 +345,10 @@ def localize(a: Run, b: Run, k: int, names, trainable, probes, rtol, atol, total
             "a larger atol",
             "stages: " + " · ".join(summary), table(cols, rows), _allowed(rtol, atol)])
     stage, rows = found
-    cause, why = stage, CAUSES[stage]
+    why = CAUSES[stage]
     if stage == "loss" and _in_inference_mode(a, b, k, pa, rtol, atol):
-        cause = "flag"
-        why = CAUSES[cause] + (f"; the first layer whose output the flag changes: {pa['flagged']!r}"
-                               if pa["flagged"] else "")
+        why = CAUSES["flag"] + (f"; the first layer whose output the flag changes: {pa['flagged']!r}"
+                                if pa["flagged"] else "")
     elif stage == "update" and _near_zero(rows, names, trainable, pa["grads"], atol):
         why = CAUSES["noise"]
     elif stage == "update" and not summary[2].startswith("gradient equal"):
