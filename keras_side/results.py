@@ -92,9 +92,9 @@ def loss_units(cfg: TrainConfig, data: HarData) -> tuple[float, str]:
     """(factor, units) that map a loss on the standardized data to what `Result` reports: an MSE to log RV², an
     MAE to log RV, when every output's loss is that one (a regularizer's penalty is scaled with it); any other loss
     as computed."""
-    kinds = set(cfg.losses)
     if data.source == ARRAYS:  # a user's own data (`as_data`), not standardized: in its own units
         return 1.0, "as given"
+    kinds = set(cfg.losses)
     if kinds == {"mse"}:
         return data.scaling.y_std**2, "log RV²"
     if kinds == {"mae"}:
