@@ -29,6 +29,11 @@ class Scaling:
     y_mean: float
     y_std: float
 
+    @classmethod
+    def identity(cls, features: int = 1) -> Scaling:
+        """No scaling: data taken as given (a user's arrays, a check's inputs)."""
+        return cls(np.zeros(features), np.ones(features), 0.0, 1.0)
+
     def to_original(self, kernel: np.ndarray, bias: float) -> tuple[float, np.ndarray]:
         """Map a linear model fitted in standardized units back to original units: (intercept, slopes)."""
         slopes = np.asarray(kernel, np.float64).reshape(-1) * self.y_std / self.x_std
@@ -166,7 +171,7 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
         x_val, y_val = (_model_order(model, v, xy) for v, xy in zip(validation_data, ("x_val", "y_val")))
     features = first(x).shape[-1] if first(x).ndim > 1 else 1
     try:
-        found = HarData(x, y, x_val, y_val, x_val, y_val, Scaling(np.zeros(features), np.ones(features), 0.0, 1.0),
+        found = HarData(x, y, x_val, y_val, x_val, y_val, Scaling.identity(features),
                         features=(), asset="", source=ARRAYS, w_train=w,
                         validation="none" if validation_data is None else "given")
     except ValueError as e:  # HarData names its own fields (x_train...): name what the user gave

@@ -42,7 +42,7 @@ def _inputs(path: str):
 
 def _data(x, y) -> HarData:
     """x and y as the training split of a HarData, which every path trains on (nothing is validated or scaled)."""
-    identity = Scaling(np.zeros(1), np.ones(1), 0.0, 1.0)
+    identity = Scaling.identity()
     return HarData(x_train=x, y_train=y, x_val=x, y_val=y, x_test=x, y_test=y, scaling=identity, features=(),
                    asset="", source="parity")
 

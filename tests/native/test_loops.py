@@ -624,7 +624,7 @@ def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
 
     x = np.random.default_rng(0).normal(size=(64, 10, 2)).astype("float32")
     y = x[:, -1, :1].copy()
-    data = HarData(x[:48], y[:48], x[48:], y[48:], x[48:], y[48:], Scaling(np.zeros(3), np.ones(3), 0.0, 1.0),
+    data = HarData(x[:48], y[:48], x[48:], y[48:], x[48:], y[48:], Scaling.identity(3),
                    ("a",), "test", "test")
     for train in (loop.train, fit.train):
         model = keras.Sequential([keras.Input((10, 2), batch_size=16), keras.layers.LSTM(4, stateful=True),
