@@ -92,7 +92,9 @@ def check_labels(cfg: TrainConfig, data, model=None) -> None:
             continue
         width = widths[i] if widths and len(widths) == cfg.outputs else None
         for split in ("train", "val", "test"):
-            y = getattr(data, f"y_{split}")
+            y = getattr(data, f"y_{split}", None)  # a loader's batches (`Batches`): its first batch's alone
+            if y is None:
+                continue
             y = np.asarray(y[i] if isinstance(y, tuple) else y)
             bad = (y < 0) | (y != np.floor(y)) | (y >= width if width is not None else False)
             if bad.any():

@@ -148,16 +148,18 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
     dict of arrays by the model's input (output) names; `validation_data=(x_val, y_val)` likewise. Arrays are taken
     as given (not standardized) and their floats cast to the model's dtype, as `fit` casts them; the result's
     predictions are made on the validation rows. Without validation data the loop does not validate (as `fit`), so
-    `cfg` comes back with `validate=False`. Bad data is a `SpecError` naming it and the fix."""
+    `cfg` comes back with `validate=False`. A loader of batches (`Batches`) is taken as `fit` takes one. Bad data is a
+    `SpecError` naming it and the fix."""
     if isinstance(data, HarData):
         if validation_data is not None:
             raise SpecError("validation_data is for data given as arrays: HarData carries its own validation split "
                             "(x_val, y_val); drop validation_data")
         return data, cfg
+    if _is_loader(data):
+        return Batches.of(model, data, cfg, validation_data)
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
-        raise SpecError(f"data is {_shown(data)}; give (x, y) or (x, y, sample_weight) arrays, as fit takes them "
-                        "(a DataLoader, a tf.data.Dataset or an iterator of batches: iterate it in a loop of yours "
-                        "over the model, docs/embedding.md), or a HarData")
+        raise SpecError(f"data is {_shown(data)}; give (x, y) or (x, y, sample_weight) arrays, as fit takes them, "
+                        "a loader of such batches (a DataLoader, a tf.data.Dataset), or a HarData")
     x, y = _model_order(model, data[0], "x"), _model_order(model, data[1], "y")
     w = None if len(data) == 2 or data[2] is None else np.asarray(data[2], np.float32)
     if validation_data is None:
@@ -165,6 +167,9 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
             raise SpecError("early stopping (patience) watches the validation loss: give validation_data=(x_val, "
                             "y_val), or drop patience")
         x_val, y_val, cfg = take(x, slice(0, 0)), take(y, slice(0, 0)), cfg.replace(validate=False)
+    elif _is_loader(validation_data):
+        raise SpecError("validation_data is a loader of batches but data is arrays; give validation_data=(x_val, "
+                        "y_val) arrays, or both as loaders")
     elif not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
         raise SpecError(f"validation_data is {_shown(validation_data)}; give (x_val, y_val), as fit takes it")
     else:
@@ -177,6 +182,71 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
     except ValueError as e:  # HarData names its own fields (x_train...): name what the user gave
         raise SpecError(str(e).replace("HarData's ", "the data's ").replace("HarData", "the data")) from None
     return found, cfg
+
+
+@dataclass(frozen=True)
+class Batches:
+    """A user's own batches, as `fit` takes them: a torch `DataLoader`, a `tf.data.Dataset`, or any iterable of
+    `(x, y)` or `(x, y, sample_weight)` batches whose `iter()` starts a new pass (a class with `__iter__`), each part
+    as `as_data` takes arrays. The loops train on them as they come, one pass per epoch: the loader's own batch size,
+    order and last batch, not the spec's (`batch_size`, `batch_order`).
+
+    `x_train`, `y_train` and `w_train` are the first batch's: what the model is built and checked on before training,
+    taken from a pass of its own, as `fit` on torch takes a first batch to build its step (a shuffling loader's
+    generator moves for it). The losses are reported as given (`source` is `ARRAYS`)."""
+
+    train: object
+    val: object | None
+    x_train: np.ndarray | tuple[np.ndarray, ...]
+    y_train: np.ndarray | tuple[np.ndarray, ...]
+    w_train: np.ndarray | None = None
+    source: str = ARRAYS
+    x_test = None  # nothing to predict on at the end: call the loop's `predict` on rows of yours
+
+    @classmethod
+    def of(cls, model, train, cfg: TrainConfig, validation_data=None) -> tuple[Batches, TrainConfig]:
+        for name, loader in (("data", train), ("validation_data", validation_data)):
+            if _is_loader(loader) and iter(loader) is loader and (name == "validation_data" or cfg.epochs > 1):
+                raise SpecError(f"{name} is an iterator, which its first pass uses up; give an iterable whose iter() "
+                                "starts a new pass (a DataLoader, a tf.data.Dataset, a class with __iter__)"
+                                + (", or epochs=1" if name == "data" else ""))
+        if validation_data is None and cfg.patience:
+            raise SpecError("early stopping (patience) watches the validation loss: give validation_data (a loader of "
+                            "(x_val, y_val) batches), or drop patience")
+        if validation_data is not None and not _is_loader(validation_data):
+            raise SpecError(f"validation_data is {_shown(validation_data)} but data is a loader of batches; give "
+                            "validation_data as a loader of (x_val, y_val) batches too")
+        first_batch = next(iter(train), None)
+        if first_batch is None:
+            raise SpecError("data is a loader that gives no batch; give it at least one (x, y) batch")
+        x, y, w = batch_parts(model, first_batch)
+        batches = cls(train, validation_data, x, y, w)
+        return batches, cfg if validation_data is not None else cfg.replace(validate=False)
+
+    @property
+    def outputs(self) -> int:
+        return len(self.y_train) if isinstance(self.y_train, tuple) else 1
+
+    @property
+    def first(self) -> tuple:
+        """The first batch, `(x, y[, sample_weight])`, as the loader gave it."""
+        return (self.x_train, self.y_train) + (() if self.w_train is None else (self.w_train,))
+
+
+def batch_parts(model, batch) -> tuple:
+    """`(x, y, sample_weight or None)` of one batch a loader gave: x and y as `verb_inputs` takes them (a dict by the
+    model's input or output names becomes a tuple in the model's order), arrays of any engine as they are."""
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+        raise SpecError(f"a batch of the loader is {_shown(batch)}; give (x, y) or (x, y, sample_weight) batches, as "
+                        "fit takes them from a DataLoader or a tf.data.Dataset")
+    x, y = verb_inputs(model, batch[0]), verb_inputs(model, batch[1], "y")
+    return x, y, batch[2] if len(batch) == 3 else None
+
+
+def _is_loader(value) -> bool:
+    """Whether `value` is a loader of batches, not arrays: iterable, and none of the containers arrays come in."""
+    return (hasattr(value, "__iter__") and not isinstance(value, (tuple, list, dict, str, bytes))
+            and not hasattr(value, "shape"))
 
 
 def verb_inputs(model, value, what: str = "x"):
@@ -201,13 +271,14 @@ def _model_order(model, value, what: str):
     """One NumPy array, or a tuple of them in the model's input (output) order (`verb_inputs`), floats cast to the
     model's dtype."""
     value = verb_inputs(model, value, what)
+    return tuple(model_floats(model, a) for a in value) if isinstance(value, tuple) else model_floats(model, value)
+
+
+def model_floats(model, a) -> np.ndarray:
+    """One array (of any engine, on the host) as NumPy, floats cast to the model's dtype as `fit` casts them."""
+    a = np.asarray(a)
     dtype = np.float64 if getattr(model, "compute_dtype", None) == "float64" else np.float32
-
-    def cast(a):
-        a = np.asarray(a)
-        return a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a
-
-    return tuple(cast(a) for a in value) if isinstance(value, tuple) else cast(value)
+    return a.astype(dtype) if np.issubdtype(a.dtype, np.floating) else a
 
 
 def _names(model, kind: str) -> list[str]:

@@ -128,7 +128,8 @@ class Result:
     def from_training(cls, path: str, engine: str, weights, data: HarData, cfg: TrainConfig, train_loss, val_loss,
                       test_pred, seconds: float, compile_seconds: float | None = None, metrics=None,
                       first_run_seconds: float | None = None) -> Result:
-        """Assemble a result from what a loop measured, losses given in standardized units."""
+        """Assemble a result from what a loop measured, losses given in standardized units (`test_pred` None: no
+        rows to predict on, as after a loader's batches)."""
         to_original, units = loss_units(cfg, data)
         return cls(
             path=path,
@@ -136,7 +137,7 @@ class Result:
             weights=[np.array(w) for w in weights],
             train_loss=[float(v) * to_original for v in train_loss],
             val_loss=[float(v) * to_original for v in val_loss],
-            test_pred=output_arrays(test_pred),
+            test_pred=np.zeros(0, np.float32) if test_pred is None else output_arrays(test_pred),
             train_seconds=seconds,
             compile_seconds=compile_seconds,
             seed=cfg.seed,

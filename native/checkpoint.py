@@ -146,6 +146,9 @@ class Checkpoints:
         if cfg.patience is not None:
             raise SpecError("checkpoints do not carry early stopping's state (its best weights); drop patience or "
                             "the checkpoint")
+        if not hasattr(data, "n_train"):  # a loader's batches (`Batches`): its position and order are the user's
+            raise SpecError("checkpoints resume the spec's batch orders, not a loader's; train on arrays, or save "
+                            "from a loop of yours (native.torch.host.save_checkpoint, orbax: docs/embedding.md)")
         self.root, self.cfg = Path(root), cfg
         self.identity = _identity(model, data, cfg, engine, path)
         self.lock, self.made = None, []

@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from keras_side.arrays import keras_inputs, output_arrays, take
+from keras_side.arrays import first, keras_inputs, output_arrays, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, as_data, batch_slices, numpy_orders, verb_inputs
+from keras_side.data import (Batches, HarData, as_data, batch_parts, batch_slices, model_floats, numpy_orders,
+                             verb_inputs)
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built, weight_constraints
@@ -37,7 +38,7 @@ from native.jax import optim
 
 
 def make_step(model, loss_fn, optimizer: optax.GradientTransformation, metrics=()):
-    """The one jitted step: `step(state, (x, y[, sample_weight])) -> (state, loss)`."""
+    """The one jitted step: `step(state, (x, y, sample_weight or None)) -> (state, loss)`."""
     constraints = weight_constraints(model)
 
     @jax.jit
@@ -74,21 +75,40 @@ def batch_orders(cfg: TrainConfig, n: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
 
 
+def epoch_batches(model, data, cfg: TrainConfig) -> tuple:
+    """`(batches(epoch), validation(), shapes)`: the epoch's `(x, y, sample_weight or None)` batches as NumPy, the spec's
+    shuffled mini-batches of the training arrays or a loader's batches as it gives them (`Batches`, floats cast to
+    the model's dtype as `fit` casts them); the validation rows as one `(x, y)`; a batch of each shape to compile
+    the step for before the epochs (a loader's other shapes compile when they come)."""
+    if isinstance(data, Batches):  # fit: an iterable of batches of yours, one pass per epoch
+        def on_host(loader):
+            return (jax.tree.map(functools.partial(model_floats, model), batch_parts(model, b)) for b in loader)
+        # the validation batches as one: the mean over their rows, as fit's (its batches weighed by their rows)
+        return ((lambda epoch: on_host(data.train)), lambda: jax.tree.map(lambda *a: np.concatenate(a),
+                *[batch[:2] for batch in on_host(data.val)]), list(on_host([data.first])))
+    orders = np.asarray(batch_orders(cfg, data.n_train))  # NumPy rows: a gather of a jax array costs more than a step
+    slices = batch_slices(data.n_train, cfg.batch_size)  # fit: the short last batch as it comes (its own compile)
+    return ((lambda epoch: (rows_of(data, orders[epoch][rows]) for rows in slices)), lambda: (data.x_val, data.y_val),
+            [rows_of(data, orders[0][s]) for s in (slices[0], slices[-1])])
+
+
 def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """Train `model` on `data` as `fit` would with the spec `cfg`: the spec's loss and optimizer over shuffled
     mini-batches, the validation loss after every epoch; the trained state is written back into the model.
 
     Args:
-        data: a `HarData`, or `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`).
-        validation_data: `(x_val, y_val)` arrays, with arrays for `data`; without them the loop does not validate.
+        data: a `HarData`; `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`); or an
+            iterable of such batches (`Batches`), trained on as it gives them.
+        validation_data: `(x_val, y_val)` arrays with arrays for `data`, an iterable of batches with one; without it
+            the loop does not validate.
         progress: `progress(epoch, epochs)` after every epoch.
         on_step: `on_step(loss)` after every optimizer step, the state written back into the model's variables
             first (the training-parity check reads the weights there).
         checkpoint: a folder to write a checkpoint to after every epoch (`native.checkpoint`).
         resume: go on from the last checkpoint in `checkpoint`.
     """
-    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays, as given
+    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays or batches, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
     optimizer = optim.build(cfg)  # fit: Keras's own update rule, as an optax transformation
     loss_fn, metrics = training_loss(cfg), keras_metrics(cfg)
@@ -100,26 +120,24 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
         state = saved.restore(lambda folder: jax_checkpoint.read(folder, state))
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
-    orders = np.asarray(batch_orders(cfg, data.n_train))  # NumPy rows: a gather of a jax array costs more than a step
-    slices = batch_slices(data.n_train, cfg.batch_size)  # fit: the short last batch as it comes (its own compile)
-    compile_seconds = compile_step(step, state, [rows_of(data, orders[0][s]) for s in (slices[0], slices[-1])])
+    batches, validation, shapes = epoch_batches(model, data, cfg)
+    compile_seconds = compile_step(step, state, shapes)
     epoch_seconds = []
-    for epoch, order in enumerate(orders):
-        if epoch < (saved.start if saved else 0):
-            continue  # trained before the checkpoint; every epoch's order is drawn all the same
-        start, losses = time.perf_counter(), []
-        for rows in slices:
-            state, loss = step(state, rows_of(data, order[rows]))
+    for epoch in range(saved.start if saved else 0, cfg.epochs):  # a resumed run goes on after its checkpoint
+        start, losses, rows = time.perf_counter(), [], []
+        for batch in batches(epoch):
+            state, loss = step(state, batch)
             losses.append(loss)
+            rows.append(len(first(batch[1])))
             if on_step:
                 write_back(model, state)
                 on_step(loss)
         # fit: the epoch's loss is the mean over its rows; one wait for the device per epoch
-        curves["loss"].append(float(np.average(jax.device_get(losses), weights=[len(order[r]) for r in slices])))
+        curves["loss"].append(float(np.average(jax.device_get(losses), weights=rows)))
         record(curves["metrics"], metrics, [m.stateless_result(v) for m, v in zip(metrics, state[3])])
         state = (*state[:3], fresh(metrics))  # fit: the metrics start again every epoch
         if cfg.validate:
-            state, loss, values = validate(state, data.x_val, data.y_val)
+            state, loss, values = validate(state, *validation())
             curves["val_loss"].append(float(loss))
             record(curves["metrics"], metrics, values, "val_")
         epoch_seconds.append(time.perf_counter() - start)
@@ -133,8 +151,9 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     if stop:
         state = (*stop.best_weights, *state[2:])  # fit: restore_best_weights (the weights and state of the best epoch)
     write_back(model, state)
+    test_pred = None if data.x_test is None else predict(model, data.x_test)  # a loader's batches: no test rows
     return Result.from_training("jax-native", "jax", model.get_weights(), data, cfg, curves["loss"],
-                                curves["val_loss"], predict(model, data.x_test), sum(epoch_seconds), compile_seconds,
+                                curves["val_loss"], test_pred, sum(epoch_seconds), compile_seconds,
                                 metrics=curves["metrics"])
 
 
@@ -153,9 +172,8 @@ def training_flag(model, training: bool) -> dict:
 
 
 def rows_of(data: HarData, rows) -> tuple:
-    """The batch `(x, y[, sample_weight])` of the training rows `rows`, as NumPy."""
-    batch = (take(data.x_train, rows), take(data.y_train, rows))
-    return batch if data.w_train is None else (*batch, data.w_train[rows])  # fit: sample_weight
+    """The batch `(x, y, sample_weight or None)` of the training rows `rows`, as NumPy."""
+    return take(data.x_train, rows), take(data.y_train, rows), None if data.w_train is None else data.w_train[rows]
 
 
 def compile_step(step, state, batches) -> float:

@@ -17,10 +17,10 @@ import warnings
 import numpy as np
 import torch
 
-from keras_side.arrays import keras_inputs, take
+from keras_side.arrays import first, keras_inputs, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import as_data, batch_slices, numpy_orders, verb_inputs
+from keras_side.data import Batches, as_data, batch_parts, batch_slices, numpy_orders, verb_inputs
 from keras_side.internals import global_generator_layers
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
@@ -57,13 +57,17 @@ def make_step(model, loss_fn, optimizer, metrics: EpochMetrics, scheduler=None, 
 
 
 @torch.no_grad()
-def evaluate(model, loss_fn, x, y, metrics: EpochMetrics) -> float:
-    """`fit`'s validation: the loss it minimizes (the regularizers included) and the metrics, in inference mode."""
-    outputs = model(keras_inputs(x), training=False)
-    loss = loss_fn(y, outputs) + sum(model.losses)
-    metrics.update(y, outputs)
+def evaluate(model, loss_fn, batches, metrics: EpochMetrics) -> float:
+    """`fit`'s validation: the loss it minimizes (the regularizers included) and the metrics, in inference mode,
+    over the validation batches `(x, y, sample_weight)`: the mean over their rows."""
+    total, rows = 0.0, 0
+    for x, y, w in batches:
+        outputs = model(keras_inputs(x), training=False)
+        loss = loss_fn(y, outputs, w) + sum(model.losses)
+        metrics.update(y, outputs)
+        total, rows = total + float(loss) * len(first(y)), rows + len(first(y))
     metrics.close("val_")
-    return float(loss)
+    return total / rows
 
 
 def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
@@ -75,20 +79,42 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
 
 
+def epoch_batches(model, data, cfg: TrainConfig, device) -> tuple:
+    """`(batches(epoch), validation())`, iterables of `(x, y, sample_weight)` batches on the device: the spec's
+    shuffled mini-batches of the training arrays and the validation split whole, or a loader's batches as it gives
+    them (`Batches`), floats cast to the model's dtype as `fit` casts them."""
+    if isinstance(data, Batches):  # fit: a DataLoader of yours, one pass per epoch
+        def on_device(loader):
+            for x, y, w in (batch_parts(model, batch) for batch in loader):
+                yield tuple(None if a is None else tensors(a, device, model.compute_dtype) for a in (x, y, w))
+        return (lambda epoch: on_device(data.train)), (lambda: on_device(data.val))
+    x, y = tensors(data.x_train, device), tensors(data.y_train, device)
+    w = None if data.w_train is None else tensors(data.w_train, device)  # fit: sample_weight
+    orders = batch_orders(cfg, data.n_train)  # every epoch's, drawn before the first: a resumed run draws them too
+
+    def batches(epoch):
+        for rows in batch_slices(data.n_train, cfg.batch_size):  # fit: the short last batch as it comes
+            batch = orders[epoch][rows].to(device)
+            yield take(x, batch), take(y, batch), None if w is None else w[batch]
+    return batches, lambda: [(tensors(data.x_val, device), tensors(data.y_val, device), None)]
+
+
 def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """Train `model` on `data` as `fit` would with the spec `cfg`: the spec's loss and optimizer over shuffled
     mini-batches, the validation loss after every epoch.
 
     Args:
-        data: a `HarData`, or `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`).
-        validation_data: `(x_val, y_val)` arrays, with arrays for `data`; without them the loop does not validate.
+        data: a `HarData`; `(x, y)` or `(x, y, sample_weight)` arrays as `fit` takes them (`as_data`); or a
+            `DataLoader` of such batches (`Batches`), trained on as it gives them.
+        validation_data: `(x_val, y_val)` arrays with arrays for `data`, a `DataLoader` with a `DataLoader`; without
+            it the loop does not validate.
         progress: `progress(epoch, epochs)` after every epoch.
         on_step: `on_step(loss)` after every optimizer step (the training-parity check reads the weights there).
         checkpoint: a folder to write a checkpoint to after every epoch (`native.checkpoint`).
         resume: go on from the last checkpoint in `checkpoint`.
     """
-    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays, as given
+    data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays or DataLoader, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)
     device = next(model.parameters()).device
@@ -102,24 +128,19 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     metrics.history = curves["metrics"]
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
-    x, y = tensors(data.x_train, device), tensors(data.y_train, device)
-    w = None if data.w_train is None else tensors(data.w_train, device)  # fit: sample_weight
-    x_val, y_val = tensors(data.x_val, device), tensors(data.y_val, device)
+    batches, validation = epoch_batches(model, data, cfg, device)
     epoch_seconds = []
-    for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
-        if epoch < (saved.start if saved else 0):
-            continue  # trained before the checkpoint; every epoch's order is drawn all the same
-        start, total = time.perf_counter(), 0.0
-        for rows in batch_slices(data.n_train, cfg.batch_size):  # fit: the short last batch as it comes
-            batch = order[rows].to(device)
-            loss = step(take(x, batch), take(y, batch), None if w is None else w[batch])
-            total += loss.item() * len(batch)  # `.item()` waits for the device: fast.py sums on the device
+    for epoch in range(saved.start if saved else 0, cfg.epochs):  # a resumed run goes on after its checkpoint
+        start, total, rows = time.perf_counter(), 0.0, 0
+        for x, y, w in batches(epoch):
+            loss = step(x, y, w)
+            total, rows = total + loss.item() * len(first(y)), rows + len(first(y))  # `.item()` waits for the device
             if on_step:
                 on_step(loss)
-        curves["loss"].append(total / data.n_train)  # fit: the epoch's loss is the mean over its rows
+        curves["loss"].append(total / rows)  # fit: the epoch's loss is the mean over its rows
         metrics.close()
         if cfg.validate:
-            curves["val_loss"].append(evaluate(model, loss_fn, x_val, y_val, metrics))
+            curves["val_loss"].append(evaluate(model, loss_fn, validation(), metrics))
         epoch_seconds.append(time.perf_counter() - start)
         if saved:
             saved.save(epoch + 1, model, curves,
@@ -130,9 +151,9 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
             break
     if stop:
         model.set_weights(stop.best_weights)  # fit: restore_best_weights
+    test_pred = None if data.x_test is None else predict(model, data.x_test)  # a loader's batches: no test rows
     return Result.from_training("torch-native", "torch", model.get_weights(), data, cfg, curves["loss"],
-                                curves["val_loss"], predict(model, data.x_test), sum(epoch_seconds),
-                                metrics=metrics.history)
+                                curves["val_loss"], test_pred, sum(epoch_seconds), metrics=metrics.history)
 
 
 def warn_unseeded(model) -> None:
@@ -146,11 +167,13 @@ def warn_unseeded(model) -> None:
                       "does", stacklevel=3)
 
 
-def tensors(x, device):
-    """NumPy arrays as torch tensors on the model's device (several inputs or targets stay a tuple)."""
+def tensors(x, device, dtype: str | None = None):
+    """Arrays (NumPy, or torch's) as torch tensors on the model's device, floats cast to `dtype` when given (several
+    inputs or targets stay a tuple)."""
     if isinstance(x, tuple):
-        return tuple(torch.as_tensor(a, device=device) for a in x)
-    return torch.as_tensor(x, device=device)
+        return tuple(tensors(a, device, dtype) for a in x)
+    x = torch.as_tensor(x, device=device)
+    return x.to(getattr(torch, dtype)) if dtype and x.is_floating_point() else x
 
 
 def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarray]:

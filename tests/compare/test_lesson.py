@@ -11,7 +11,8 @@ from tests.conftest import REPO
 ENGINES = ("torch", "jax", "tensorflow")
 FIRST_LOOP_LINES = 40  # the Keras guide's loop on one screen (issue "The lesson on one screen")
 REFERENCE_LOOP_LINES = 150  # everything fit does, still readable top to bottom
-SHARED = ["make_step", "evaluate", "batch_orders", "train", "grad_at", "predict"]  # in this order on every engine
+# in this order on every engine
+SHARED = ["make_step", "evaluate", "batch_orders", "epoch_batches", "train", "grad_at", "predict"]
 ENGINE_LINES = 30  # the lines a first loop may have that torch's does not: the engine's calls, not another loop
 FAST_MODULES = {"fast", "bypass", "compiled", "losses", "convolution", "scan"}  # the speed machinery behind the loops
 PRIVATE = re.compile(r"\bkeras\.src\b|\.\_[A-Za-z]")  # Keras's private modules, any underscore attribute

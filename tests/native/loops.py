@@ -25,3 +25,33 @@ def constrained_mlp(constrained: bool = True):
     return keras.Sequential([keras.Input((3,)),
                              keras.layers.Dense(6, kernel_constraint=keep(keras.constraints.MaxNorm(0.3))),
                              keras.layers.Dense(1, kernel_constraint=keep(keras.constraints.NonNeg()))])
+
+
+def engines_loader(x, y, w, batch_size: int):
+    """`(x, y[, w])` in unshuffled batches of `batch_size` rows, the way this engine's users load data: a torch
+    `DataLoader` over a dict `Dataset`, a `tf.data.Dataset`, and for JAX an iterable of NumPy batches of their own."""
+    arrays = (x, y) if w is None else (x, y, w)
+    rows = len(y)
+    if ENGINE == "torch":
+        from torch.utils.data import DataLoader
+
+        class Rows:  # a map-style Dataset (rows by index); the default collate stacks them into tensors, dicts kept
+            def __len__(self):
+                return rows
+
+            def __getitem__(self, i):
+                return tuple({k: v[i] for k, v in a.items()} if isinstance(a, dict) else a[i] for a in arrays)
+
+        return DataLoader(Rows(), batch_size=batch_size)
+    if ENGINE == "tensorflow":
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
+
+    class Batches:  # a JAX user's own iterable: a new pass at each iter()
+        def __iter__(self):
+            for start in range(0, rows, batch_size):
+                cut = slice(start, start + batch_size)
+                yield tuple({k: v[cut] for k, v in a.items()} if isinstance(a, dict) else a[cut] for a in arrays)
+
+    return Batches()

@@ -11,7 +11,7 @@ from keras_side.determinism import seed_everything
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
-from tests.native.loops import flat, loop, val_mse
+from tests.native.loops import engines_loader, flat, loop, val_mse
 
 QUICK = TrainConfig(epochs=3)
 
@@ -703,13 +703,64 @@ def test_a_users_arrays_train_as_fit_trains_them():
         np.testing.assert_array_equal(by_name, by_order)
 
 
+def test_a_users_loader_trains_as_fit_trains_its_batches():
+    """The loop takes the engine's loader as `fit` does (torch's `DataLoader`, a `tf.data.Dataset`, an iterable of
+    NumPy batches for JAX): its batches as they come, a short last one, a dict of inputs by name, sample weights, and a
+    loader of validation batches. It ends bit-identical to `fit` over the same batches (its arrays unshuffled) and
+    reports its validation losses."""
+    import keras
+
+    from keras_side.optimizers import keras_optimizer
+
+    rng = np.random.default_rng(1)
+    x = {"returns": rng.normal(size=(100, 3)), "volumes": rng.normal(size=(100, 2))}
+    y, w = rng.normal(size=(100, 1)), rng.uniform(0.5, 2.0, 100)
+    x_val, y_val = {k: v[:36] for k, v in x.items()}, y[:36]
+    cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)  # 40, 40 and a short 20: the loader's own sizes
+
+    def fresh():
+        keras.backend.clear_session()
+        seed_everything(0)
+        return users_model()
+
+    want = fresh()
+    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    history = want.fit(x, y, sample_weight=w, validation_data=(x_val, y_val), batch_size=40, validation_batch_size=16,
+                       epochs=3, shuffle=False, verbose=0)
+    got = loop.train(model := fresh(), engines_loader(x, y, w, 40), cfg.replace(batch_size=7),  # not the spec's
+                     validation_data=engines_loader(x_val, y_val, None, 16))
+    for mine, fits in zip(model.get_weights(), want.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, fits)
+    np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
+    np.testing.assert_allclose(got.train_loss, history.history["loss"], atol=HISTORY_ATOL, rtol=0)
+    assert got.units == "as given" and got.test_pred.size == 0  # no test rows: predict on rows of yours
+    assert loop.train(fresh(), engines_loader(x, y, None, 40), cfg).val_loss == []  # no validation_data: none
+
+
+def test_a_users_bad_loader_is_one_line_naming_it():
+    from keras_side.spec import SpecError
+
+    x, y = {"returns": np.zeros((8, 3)), "volumes": np.zeros((8, 2))}, np.zeros((8, 1))
+    loader = engines_loader(x, y, None, 4)
+    cases = [(iter([(x, y)]), {}, "data is an iterator, which its first pass uses up; give an iterable"),
+             (engines_loader(x["returns"], y, None, 4), {}, "the model has 2 input"),
+             (loader, {"validation_data": (x, y)}, "validation_data is a tuple of 2 but data is a loader"),
+             ((x, y), {"validation_data": loader}, "validation_data is a loader of batches but data is arrays"),
+             (loader, {"checkpoint": "unused"}, "checkpoints resume the spec's batch orders, not a loader's"),
+             (loader, {"cfg": TrainConfig(epochs=2, patience=1)}, "early stopping \\(patience\\) watches")]
+    for data, extra, message in cases:
+        cfg = extra.pop("cfg", TrainConfig(epochs=2))
+        with pytest.raises(SpecError, match=message):
+            loop.train(users_model(), data, cfg, **extra)
+
+
 def test_a_users_bad_arrays_are_one_line_naming_them():
     from keras_side.spec import SpecError
 
     x, y = {"returns": np.zeros((8, 3)), "volumes": np.zeros((8, 2))}, np.zeros((8, 1))
     cases = [((x["returns"], y), {}, "the model has 2 input"),
              (({"returns": x["returns"]}, y), {}, "x is a dict of \\['returns'\\] but the model's inputs are named"),
-             (iter([(x, y)]), {}, "data is a list_iterator; give \\(x, y\\) or \\(x, y, sample_weight\\) arrays"),
+             ("x.npy", {}, "data is a str; give \\(x, y\\) or \\(x, y, sample_weight\\) arrays"),
              ((x, y[:5]), {}, "the data's train split has arrays of different lengths"),
              ((x, y), {"validation_data": x}, "validation_data is a dict; give \\(x_val, y_val\\)")]
     for data, extra, message in cases:
