@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters  # dynamo's tally, which `compiled.one_graph` reads: no public one
 
-from keras_side.arrays import as_tuple, keras_inputs, take, verb_arrays
+from keras_side.arrays import as_tuple, keras_inputs, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, batch_slices
+from keras_side.data import HarData, batch_slices, verb_inputs
 from keras_side.losses import as_fit_shapes, verb_loss
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built, state_kept, weight_constraints
@@ -225,7 +225,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
     batch loss plus the model's own losses (regularizers). The loss is MSE (each output's, summed, for several
     outputs) unless `loss` says otherwise: a spec's loss by name ("mae"), or `loss(y_true, y_pred)` of yours,
     which gets the targets and predictions as they are."""
-    x, y = verb_arrays(x), verb_arrays(y, "y")
+    x, y = verb_inputs(model, x), verb_inputs(model, y, "y")
     ensure_built(model, x)
     device = next(model.parameters()).device
     y = keras_inputs(tensors(y, device))  # several targets: a tuple of arrays, one per output
@@ -242,7 +242,7 @@ def grad_at(model, x, y, *, loss=None, training: bool = False) -> list[np.ndarra
 def predict(model, x):
     """Inference-mode predictions as NumPy (float32 from a bfloat16 or float16 model: NumPy has no bfloat16);
     several outputs: a tuple of arrays, one each."""
-    x = verb_arrays(x)
+    x = verb_inputs(model, x)
     ensure_built(model, x)
     device = next(model.parameters()).device
     outputs = forward(model, tensors(x, device), training=False)

@@ -730,3 +730,17 @@ def test_the_compiled_loop_ends_on_the_reference_loops_weights(panel, name):
     reference, ours = _trained(loop.train, name, panel), _trained(fast.train, name, panel, compile=True)
     assert ours.path == "torch-native-compile"
     np.testing.assert_allclose(flat(ours.weights), flat(reference.weights), atol=COMPILED_VS_EAGER_ATOL, rtol=0)
+
+
+def test_the_fast_verbs_take_inputs_by_name_as_the_loops_verbs_do():
+    """`fast.predict` and `fast.grad_at` take a dict keyed by the model's input names, as `loop`'s do (they took
+    arrays only), and give what the same arrays in the model's order give."""
+    from tests.native.test_loops import users_model
+
+    model = users_model()
+    rng = np.random.default_rng(0)
+    x = {"volumes": rng.normal(size=(16, 2)).astype(np.float32), "returns": rng.normal(size=(16, 3)).astype(np.float32)}
+    y, ordered = rng.normal(size=(16, 1)).astype(np.float32), (x["returns"], x["volumes"])
+    np.testing.assert_array_equal(fast.predict(model, x), fast.predict(model, ordered))
+    for by_name, by_order in zip(fast.grad_at(model, x, y), fast.grad_at(model, ordered, y), strict=True):
+        np.testing.assert_array_equal(by_name, by_order)
