@@ -12,7 +12,7 @@ from compare.distributed import ZOO_EPOCHS
 from compare.referee.tolerances import DATA_PARALLEL_ATOL, SHARDED_ATOL
 from keras_side import cores
 from keras_side.spec import TrainConfig
-from tests.tiers import rows
+from tests.tiers import FULL, rows
 
 
 # make test: JAX, whose launch, fit under Keras's distribution and sharded walk-forward make every kind of row the
@@ -438,7 +438,8 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     assert weighted.w_train is not None
 
 
-@pytest.mark.parametrize("engine, command, config, message", [
+# make test: a row per launcher (JAX's: a batch that does not split).
+MISTAKES = [
     # the HAR's training rows leave an odd last batch, which Keras's DataParallel cannot split over 2 devices
     ("jax", ["-m", "native.jax.sharded", "--fit", "--devices", "2"], "{}", "rows does not split"),
     # more devices than JAX sees: it was exit 1, a line with no "error:" (SystemExit)
@@ -453,7 +454,10 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     # a rank alone (a world of one), as torchrun starts it; a model of two outputs for the HAR's one target
     ("torch", ["-m", "native.torch.ddp", "--build", "keras_side.models:two_horizons"], "{}",
      "the model has 2 outputs but the data has 1 target(s)"),
-])
+]
+
+
+@pytest.mark.parametrize("engine, command, config, message", MISTAKES if FULL else [MISTAKES[0], *MISTAKES[3:]])
 def test_a_mistake_only_training_finds_is_one_line_and_exit_2(har, tmp_path, engine, command, config, message):
     """Each was a traceback (a SpecError's) from the launcher or the rank, after the launcher's own checks passed."""
     import subprocess

@@ -13,7 +13,7 @@ from compare import cli
 from compare.data import synthetic
 from compare.engines import faults
 from compare.referee import checks, tolerances
-from tests.tiers import FULL, rows
+from tests.tiers import FULL_ONLY, rows
 
 PANELS = range(10)  # each drawn from its own seed
 ENGINES = "torch,jax"  # the engines with a many-model trainer: the band is measured, never the hard bound alone
@@ -66,10 +66,12 @@ def test_a_converged_run_reaches_ols_tightly_on_any_panel(tmp_path, seed):
     assert all("on this data the 99.9th percentile of 500 seeds'" in c["note"] for c in judged)
 
 
-# make test: one gross fault, on the panel where the band decides.
-FAULT_ROWS = [(fault, seed) for fault in faults.FAULTS for seed in PANELS] if FULL else [("shuffled-target", DECIDED)]
+# make test-full only: a whole compare run per fault, each panel. make test has a fault that fails a compare run and
+# is named (test_compare_cli.py: an injected wrong gradient), and the referee's checks each fail on planted numbers.
+FAULT_ROWS = [(fault, seed) for fault in faults.FAULTS for seed in PANELS]
 
 
+@FULL_ONLY
 @pytest.mark.parametrize("fault,seed", FAULT_ROWS)
 def test_a_planted_fault_fails_the_run_and_names_its_path(tmp_path, fault, seed):
     code, report, text = compare_on(tmp_path, seed, "--plant", fault)

@@ -56,13 +56,16 @@ def test_every_model_on_every_engine_ends_where_fit_ends(every_model):
 # make test: a two-output Functional model (BatchNorm's compiled step and scan: tests/native/torch/test_compile.py,
 # tests/native/jax/test_many.py).
 FAST_PATH_MODELS = rows(["bn_mlp", "two_horizons"], fast=["two_horizons"])
+# make test: JAX's fast paths through the zoo; torch's fast and compiled loops end on the reference loop's weights in
+# tests/native/torch/test_fast.py and test_compile.py, where `make test` runs them.
+FAST_PATH_ENGINES = [e for e in ("jax",) if e in installed_engines()]
 
 
 def test_each_engines_fast_path_ends_where_fit_ends(tmp_path):
     """torch's fast and compiled loops, JAX's convolution as a matmul and fused scan, judged as the native loop is (the CLI's full run judges them on
     every model; here few, to keep `make test`'s compiles few). Only the engines that have one: TensorFlow's cells
     are the fixture's above."""
-    engines = [e for e in installed_engines() if e in zoo.FAST_PATHS]
+    engines = rows([e for e in installed_engines() if e in zoo.FAST_PATHS], fast=FAST_PATH_ENGINES)
     report = zoo.run(synthetic.simulate(0), models=FAST_PATH_MODELS, engines=engines, optimizers=["adam"],
                      folder=tmp_path, epochs=1, rows=300, fast=True)
     fast = [c for c in report["cells"] if c["path"] in zoo.FAST_PATHS.get(c["engine"], ())]

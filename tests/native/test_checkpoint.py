@@ -128,6 +128,7 @@ def test_a_second_run_on_a_checkpoint_folder_is_refused_in_one_line_and_the_firs
         np.testing.assert_array_equal(a, b)
 
 
+@fast_only_on(ENGINE == "torch")  # the lock's owner is engine-free (native/checkpoint.py): make test takes it on torch
 def test_a_run_that_raised_lets_the_next_run_of_its_thread_resume(har, tmp_path):
     """A run that raises mid-epoch keeps its lock while its traceback lives (a notebook keeps it): the next run of
     the same thread takes it over and resumes; a run of another thread meanwhile is refused, naming this process."""
@@ -182,6 +183,7 @@ def test_a_run_resumed_where_its_layers_are_named_otherwise_ends_where_it_would_
     assert resumed.train_loss == whole.train_loss
 
 
+@fast_only_on(ENGINE == "torch")  # state.json is engine-free (native/checkpoint.py): make test runs it on torch
 def test_a_diverged_runs_checkpoint_is_standard_json_and_resumes_where_the_run_would_have(har, tmp_path):
     """A learning rate that blows the weights up: each epoch's loss is NaN, which state.json holds as null (Python's
     `json` wrote NaN, which `jq` and other readers refuse) and a resumed run reads back as NaN, so its curves and
@@ -293,6 +295,7 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(h
     assert steps == [] and [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+@fast_only_on(ENGINE == "torch")  # what is left to save is engine-free (native/checkpoint.py): torch only in make test
 def test_a_finished_run_resumes_from_a_folder_it_cannot_write(har, tmp_path, monkeypatch):
     """Its last epoch is the run's: nothing is left to save, so a read-only folder (an archive, another user's) gives
     the run's result; it was refused as unwritable. With epochs left, the same folder is refused before training."""
@@ -358,6 +361,7 @@ def test_early_stopping_is_refused_with_a_checkpoint(har, tmp_path):
         PATH.train(stateful_mlp(), har, CFG.replace(patience=2), checkpoint=tmp_path / "c")
 
 
+@fast_only_on(ENGINE == "torch")  # the options are engine-free (native/checkpoint.py): torch only in make test
 def test_the_train_command_checkpoints_and_resumes(tmp_path, capsys):
     from compare import cli
 

@@ -12,6 +12,7 @@ from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
 from tests.native.loops import engines_loader, flat, loop, val_mse
+from tests.tiers import FULL
 
 QUICK = TrainConfig(epochs=3)
 
@@ -592,11 +593,11 @@ def test_an_rnns_dropout_draws_as_fit_draws_it_validation_included(panel):
     data = dataclasses.replace(whole, x_train=whole.x_train[:300], y_train=whole.y_train[:300],
                                x_val=whole.x_val[:100], y_val=whole.y_val[:100])
 
-    def build():
-        return models.ensure_built(keras.Sequential([
-            keras.Input(data.x_train.shape[1:]),
-            keras.layers.LSTM(4, dropout=0.2, recurrent_dropout=0.2, seed=3, return_sequences=True),
-            keras.layers.GRU(4, dropout=0.2, seed=5), keras.layers.Dense(1)]), data.x_train)
+    def build():  # make test: an LSTM's two dropouts; make test-full: a GRU after it, which draws its own
+        rnn = [keras.layers.LSTM(4, dropout=0.2, recurrent_dropout=0.2, seed=3, return_sequences=FULL)]
+        rnn += [keras.layers.GRU(4, dropout=0.2, seed=5)] if FULL else []
+        return models.ensure_built(keras.Sequential([keras.Input(data.x_train.shape[1:]), *rnn,
+                                                     keras.layers.Dense(1)]), data.x_train)
 
     seed_everything(0)
     start, trained = build().get_weights(), {}

@@ -143,7 +143,9 @@ def test_the_compiled_step_is_one_graph(panel, name):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-@pytest.mark.parametrize("build, stateless", [(noisy_bn_dropout, False), (functional_dropout, True)])
+# make test: a stateless model's masks (the stateful one's are drawn by the same `Draws`, make test-full)
+@pytest.mark.parametrize("build, stateless", rows([(noisy_bn_dropout, False), (functional_dropout, True)],
+                                                  fast=[functional_dropout]))
 def test_the_compiled_loop_draws_the_masks_outside_its_one_graph(har, build, stateless):
     """A BatchNorm beside the Dropouts (the compiled loss and autograd: not `stateless`), and a Functional model's
     Dropout called twice (the compiled gradient): one graph a batch shape, the eager loop's weights (and moving
