@@ -180,7 +180,7 @@ def _jax_raw(weights: list[np.ndarray], seeds, model: str, cfg: TrainConfig):
 
     optimizer, forward = optim.build(cfg), _jax_forward(model)
 
-    def mse(trainable, seeds, x, y):
+    def mse(trainable, seeds, x, y, sample_weight=None):  # the floors train unweighted: the loop gives None
         pred, seeds = forward(trainable, seeds, x)
         return jnp.mean((pred - y) ** 2), seeds
 

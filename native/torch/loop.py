@@ -79,10 +79,11 @@ def batch_orders(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=generator) for _ in range(cfg.epochs)])
 
 
-def epoch_batches(model, data, cfg: TrainConfig, device) -> tuple:
-    """`(batches(epoch), validation())`, iterables of `(x, y, sample_weight)` batches on the device: the spec's
-    shuffled mini-batches of the training arrays and the validation split whole, or a loader's batches as it gives
-    them (`Batches`), floats cast to the model's dtype as `fit` casts them."""
+def epoch_batches(model, data, cfg: TrainConfig) -> tuple:
+    """`(batches(epoch), validation())`, iterables of `(x, y, sample_weight)` batches on the model's device: the
+    spec's shuffled mini-batches of the training arrays and the validation split whole, or a loader's batches as it
+    gives them (`Batches`), floats cast to the model's dtype as `fit` casts them."""
+    device = next(model.parameters()).device
     if isinstance(data, Batches):  # fit: a DataLoader of yours, one pass per epoch
         def on_device(loader):
             for x, y, w in (batch_parts(model, batch) for batch in loader):
@@ -117,7 +118,6 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays or DataLoader, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)
-    device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)  # fit: Keras's own update rule, as a torch.optim.Optimizer
     loss_fn, metrics = training_loss(cfg), EpochMetrics(cfg)
@@ -128,7 +128,7 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     metrics.history = curves["metrics"]
     stop = EarlyStopping(cfg.patience) if cfg.patience else None  # fit: callbacks=[EarlyStopping(...)]
-    batches, validation = epoch_batches(model, data, cfg, device)
+    batches, validation = epoch_batches(model, data, cfg)
     epoch_seconds = []
     for epoch in range(saved.start if saved else 0, cfg.epochs):  # a resumed run goes on after its checkpoint
         start, total, rows = time.perf_counter(), 0.0, 0
