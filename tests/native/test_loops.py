@@ -670,33 +670,38 @@ def users_model():
     return keras.Model([a, b], keras.layers.Dense(1, name="forecast")(hidden))
 
 
-def test_a_users_arrays_train_as_fit_trains_them():
-    """The loop takes what `fit` takes: inputs as a dict by name (float64, cast as fit casts them), targets, sample
-    weights and validation_data. One batch of every row (so that no batch order is in play) for three epochs: the
-    loop ends at `fit`'s weights and reports its validation losses, in the data's own units."""
+def fresh_users_model(compiled: TrainConfig | None = None):
+    """`users_model()` from seed 0 in a fresh Keras session; `compiled`: compiled for `fit` with that spec's
+    optimizer and MSE."""
     import keras
 
     from keras_side.optimizers import keras_optimizer
 
+    keras.backend.clear_session()
+    seed_everything(0)
+    model = users_model()
+    if compiled is not None:
+        model.compile(optimizer=keras_optimizer(compiled), loss="mse")
+    return model
+
+
+def test_a_users_arrays_train_as_fit_trains_them():
+    """The loop takes what `fit` takes: inputs as a dict by name (float64, cast as fit casts them), targets, sample
+    weights and validation_data. One batch of every row (so that no batch order is in play) for three epochs: the
+    loop ends at `fit`'s weights and reports its validation losses, in the data's own units."""
     rng = np.random.default_rng(0)
     x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
     y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
     val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
     cfg = TrainConfig(epochs=3, batch_size=96, learning_rate=0.05)
 
-    def fresh():
-        keras.backend.clear_session()
-        seed_everything(0)
-        return users_model()
-
-    want = fresh()
-    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want = fresh_users_model(compiled=cfg)
     history = want.fit(x, y, sample_weight=w, validation_data=val, batch_size=96, epochs=3, shuffle=False, verbose=0)
-    got = loop.train(model := fresh(), (x, y, w), cfg, validation_data=val)
+    got = loop.train(model := fresh_users_model(), (x, y, w), cfg, validation_data=val)
     np.testing.assert_allclose(flat(model.get_weights()), flat(want.get_weights()), atol=ZOO_ATOL, rtol=0)
     np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
     assert got.units == "as given" and got.test_pred.shape == (32, 1)
-    alone = loop.train(fresh(), (x, y), cfg.replace(epochs=1))  # no validation_data: none, as in fit
+    alone = loop.train(fresh_users_model(), (x, y), cfg.replace(epochs=1))  # no validation_data: none, as in fit
     assert alone.val_loss == [] and len(alone.train_loss) == 1
     ordered = tuple(x[name].astype(np.float32) for name in ("returns", "volumes"))  # the verbs take the dict too
     np.testing.assert_array_equal(loop.predict(model, x), loop.predict(model, ordered))
@@ -709,33 +714,23 @@ def test_a_users_loader_trains_as_fit_trains_its_batches():
     NumPy batches for JAX): its batches as they come, a short last one, a dict of inputs by name, sample weights, and a
     loader of validation batches. It ends bit-identical to `fit` over the same batches (its arrays unshuffled) and
     reports its validation losses."""
-    import keras
-
-    from keras_side.optimizers import keras_optimizer
-
     rng = np.random.default_rng(1)
     x = {"returns": rng.normal(size=(100, 3)), "volumes": rng.normal(size=(100, 2))}
     y, w = rng.normal(size=(100, 1)), rng.uniform(0.5, 2.0, 100)
     x_val, y_val = {k: v[:36] for k, v in x.items()}, y[:36]
     cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)  # 40, 40 and a short 20: the loader's own sizes
 
-    def fresh():
-        keras.backend.clear_session()
-        seed_everything(0)
-        return users_model()
-
-    want = fresh()
-    want.compile(optimizer=keras_optimizer(cfg), loss="mse")
+    want = fresh_users_model(compiled=cfg)
     history = want.fit(x, y, sample_weight=w, validation_data=(x_val, y_val), batch_size=40, validation_batch_size=16,
                        epochs=3, shuffle=False, verbose=0)
-    got = loop.train(model := fresh(), engines_loader(x, y, w, 40), cfg.replace(batch_size=7),  # not the spec's
+    got = loop.train(model := fresh_users_model(), engines_loader(x, y, w, 40), cfg.replace(batch_size=7),  # not the spec's
                      validation_data=engines_loader(x_val, y_val, None, 16))
     for mine, fits in zip(model.get_weights(), want.get_weights(), strict=True):
         np.testing.assert_array_equal(mine, fits)
     np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
     np.testing.assert_allclose(got.train_loss, history.history["loss"], atol=HISTORY_ATOL, rtol=0)
     assert got.units == "as given" and got.test_pred.size == 0  # no test rows: predict on rows of yours
-    assert loop.train(fresh(), engines_loader(x, y, None, 40), cfg).val_loss == []  # no validation_data: none
+    assert loop.train(fresh_users_model(), engines_loader(x, y, None, 40), cfg).val_loss == []  # no validation_data: none
 
 
 def test_a_users_bad_loader_is_one_line_naming_it():
