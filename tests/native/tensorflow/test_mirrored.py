@@ -47,9 +47,12 @@ def gap(a, b) -> float:
                                        fast=["keras_side.models:mlp_l2", "keras_side.models:bn_mlp"]))
 def test_two_replicas_end_where_one_process_ends(har, tmp_path, build):
     """bn_mlp: its BatchNormalization made `synchronized`, so each replica normalizes by the global batch. A
-    Dropout: below (the LSTM's test, whose model ends in one, and `fit`'s)."""
-    parallel = mirrored_run(har, tmp_path, build)
+    Dropout: below (the LSTM's test, whose model ends in one, and `fit`'s). Under a user's keras.json (floatx
+    float16), which must not reach the launched process: it starts from Keras's defaults, as compare's workers do
+    (the loop once failed on float16 weights against float32 batches)."""
+    parallel = mirrored_run(har, tmp_path, build, keras_home=users_keras_home(tmp_path / "keras"))
     seed_everything(0)
+    assert all(w.dtype == np.float32 for w in parallel)
     assert gap(loop.train(resolve(build)(), har, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
 
 
@@ -251,29 +254,15 @@ def test_fit_under_the_strategy_weighs_an_uneven_last_batch_otherwise(har, tmp_p
 def test_fit_under_the_strategy_with_batchnorm_synchronized_and_dropout(har, tmp_path, build):
     """`fit` under the strategy (`fit_train` sets Keras's `synchronized=True`, and its step opens
     `rows_of_global_batch`): the global batch's moments and Dropout mask on every replica, so equal to one process's
-    plain `fit` when every batch splits evenly."""
+    plain `fit` when every batch splits evenly. Under a user's keras.json (floatx float16), as above: `fit` under
+    the strategy once trained in float16."""
     from keras_side import fit
 
     even = whole_batches(har, SPEC["batch_size"], 2)
-    parallel = mirrored_run(even, tmp_path, build, "--fit")
+    parallel = mirrored_run(even, tmp_path, build, "--fit", keras_home=users_keras_home(tmp_path / "keras"))
     seed_everything(0)
+    assert all(w.dtype == np.float32 for w in parallel)
     assert gap(fit.train(resolve(build)(), even, CFG).weights, parallel) <= DATA_PARALLEL_ATOL
-
-
-def test_a_users_keras_json_does_not_reach_the_launched_process(har, tmp_path):
-    """A user's keras.json (here floatx float16) reached the launcher's process, where compare's workers start from
-    Keras's defaults: its loop failed on float16 weights against float32 batches, and `fit` under the strategy
-    trained in float16."""
-    from keras_side import fit
-
-    users_keras_home(tmp_path / "keras")
-    even, spec = whole_batches(har, SPEC["batch_size"], 2), {**SPEC, "epochs": 1}
-    for extra, train in (((), loop.train), (("--fit",), fit.train)):
-        parallel = mirrored_run(even, tmp_path, "keras_side.models:har", *extra, config=spec,
-                                keras_home=tmp_path / "keras")
-        seed_everything(0)
-        one = train(resolve("keras_side.models:har")(), even, CFG.replace(**spec)).weights
-        assert all(w.dtype == np.float32 for w in parallel) and gap(one, parallel) <= DATA_PARALLEL_ATOL, extra
 
 
 def test_each_replica_computes_on_one_thread():

@@ -31,9 +31,9 @@ from tests.tiers import rows
 SPEC = {"epochs": 2, "batch_size": 100}
 
 
-def launch(tmp_path, build: str, processes: int = 2) -> subprocess.CompletedProcess:
-    return ddp.launch(processes, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC, build,
-                      env={"PYTHONPATH": str(REPO)})
+def launch(tmp_path, build: str, processes: int = 2, keras_home=None) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(REPO)} | ({"KERAS_HOME": str(keras_home)} if keras_home else {})
+    return ddp.launch(processes, tmp_path / "data.npz", tmp_path / "weights.npz", SPEC, build, env=env)
 
 
 # make test: BatchNorm and Dropout; the penalty's average is the ranks' gradient below, in one process (mlp_l2).
@@ -46,32 +46,16 @@ def test_two_processes_end_where_one_ends(har, tmp_path, build):
     seeded Dropout (every rank draws the global batch's mask and takes its rows: `compiled.Draws`); in the full tier, one
     whose weight constraints bind (each rank applies them after its step). The HAR's Dense
     layers are in all three; `native-loops distributed` runs the HAR itself
-    (tests/compare/test_distributed.py)."""
+    (tests/compare/test_distributed.py). Under a user's keras.json (floatx float16), which must not reach the ranks:
+    they start from Keras's defaults, as compare's workers do, and train in float32."""
     har.save(tmp_path / "data.npz")
-    proc = launch(tmp_path, build)
+    proc = launch(tmp_path, build, keras_home=users_keras_home(tmp_path / "keras"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     parallel, _ = load_trained(tmp_path / "weights.npz")
+    assert all(w.dtype == np.float32 for w in parallel)
     assert trained_record(tmp_path / "weights.npz") == {"seed": 0, "versions": versions()}  # rank 0's
     seed_everything(0)
     alone = fast.train(resolve(build)(), har, TrainConfig(batch_order="numpy", validate=False, **SPEC))
-    for a, b in zip(alone.weights, parallel, strict=True):
-        np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
-
-
-def test_a_users_keras_json_does_not_reach_the_ranks(har, tmp_path):
-    """A user's keras.json (here floatx float16) reached torchrun's ranks, where compare's workers start from
-    Keras's defaults."""
-    users_keras_home(tmp_path / "keras")
-    har.save(tmp_path / "data.npz")
-    spec = {**SPEC, "epochs": 1}
-    proc = ddp.launch(2, tmp_path / "data.npz", tmp_path / "weights.npz", spec, "keras_side.models:har",
-                      env={"PYTHONPATH": str(REPO), "KERAS_HOME": str(tmp_path / "keras")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    parallel, _ = load_trained(tmp_path / "weights.npz")
-    seed_everything(0)
-    alone = fast.train(resolve("keras_side.models:har")(), har, TrainConfig(batch_order="numpy", validate=False,
-                                                                            **spec))
-    assert all(w.dtype == np.float32 for w in parallel)
     for a, b in zip(alone.weights, parallel, strict=True):
         np.testing.assert_allclose(b, a, atol=DATA_PARALLEL_ATOL, rtol=0)
 
