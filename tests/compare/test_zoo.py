@@ -13,7 +13,7 @@ from compare.data import synthetic
 from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side.backend import installed_engines
 from keras_side.zoo import OPTIMIZERS
-from tests.tiers import FULL, rows
+from tests.tiers import rows
 
 FAST = ["--rows", "300", "--epochs", "1"]  # three batches, the last one short
 # The CLI's subset: a model for each kind of data and each thing a cell handles (sample weights, penalties, a sequence,
