@@ -22,15 +22,15 @@ os.environ.setdefault("KERAS_HOME", str(REPO / ".keras_home"))
 # checkout, and no test run reads what other runs of the package left in ~/.cache.
 TEST_CACHE = REPO / ".test_cache"
 os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE)
-# The JAX suite's own processes, and those they launch, compile through JAX's persistent cache as compare's workers
-# do (`keras_side.backend.jax_cache_environment`; empty on a fresh clone): Keras jits each new model's step afresh,
-# so the suite compiles the same programs many times over (the HAR's `fit`, test after test), and a hit loads the
-# executable that compile would give (what it saves: docs/dev-notes.md, "make test's time"). A
+# The JAX suite's own processes, and those they launch, compile through JAX's persistent cache, as compare's workers
+# do: Keras jits each new model's step afresh, so the suite compiles the same programs many times over (the HAR's
+# `fit`, test after test), and a hit loads the executable that compile would give (keras_side.backend). A folder of
+# its own, empty on a fresh clone, with no size limit: with one, JAX locks the folder and reads every entry's access
+# time at each write, which took back what the hits saved. What it saves: docs/dev-notes.md, "make test's time". A
 # JAX_COMPILATION_CACHE_DIR of the caller's is kept.
-if os.environ.get("KERAS_BACKEND") == "jax":
-    from keras_side.backend import jax_cache_environment
-
-    os.environ.update(jax_cache_environment())
+if os.environ.get("KERAS_BACKEND") == "jax" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ |= {"JAX_COMPILATION_CACHE_DIR": str(TEST_CACHE / "jax-suite"),
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def users_keras_home(folder: Path, **more) -> Path:
