@@ -184,6 +184,16 @@ def as_data(model, data, cfg: TrainConfig, validation_data=None) -> tuple[HarDat
     return found, cfg
 
 
+def as_whole_arrays(model, data, cfg: TrainConfig, validation_data=None, *, path: str,
+                    reference: str) -> tuple[HarData, TrainConfig]:
+    """`as_data` for a fast path, which cuts its batches from whole arrays: a loader of batches is refused in one
+    line naming the reference loop that trains on one (`path`, `reference`: the paths' names), before it is read."""
+    if _is_loader(data):
+        raise SpecError(f"the path {path} cuts its batches from whole arrays and cannot train on a loader of "
+                        f"batches; give (x, y) arrays or a HarData, or train the loader on the path {reference}")
+    return as_data(model, data, cfg, validation_data)
+
+
 @dataclass(frozen=True)
 class Batches:
     """A user's own batches, as `fit` takes them: a torch `DataLoader`, a `tf.data.Dataset`, or any iterable of

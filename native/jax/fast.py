@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_side.data import HarData
 from keras_side.results import Result
 from keras_side.spec import TrainConfig
 from native.jax import convolution, loop
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None, checkpoint=None,
+def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """`loop.train` with the convolution as a matmul (the step is traced inside the block)."""
     with convolution.as_matmuls():
-        result = loop.train(model, data, cfg, progress=progress, on_step=on_step, checkpoint=checkpoint,
-                            resume=resume)
+        result = loop.train(model, data, cfg, validation_data=validation_data, progress=progress, on_step=on_step,
+                            checkpoint=checkpoint, resume=resume)
     return dataclasses.replace(result, path="jax-native-fast")
 
 

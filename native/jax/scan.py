@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keras_side.checks import check_data
-from keras_side.data import HarData
+from keras_side.data import HarData, as_whole_arrays
 from keras_side.losses import training_loss
 from keras_side.metrics import keras_metrics
 from keras_side.models import ensure_built
@@ -29,10 +29,11 @@ from keras_side.spec import SpecError, TrainConfig
 from native.jax import convolution, loop, optim
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None, checkpoint=None,
+def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None, on_step=None, checkpoint=None,
           resume: bool = False) -> Result:
     """The reference loop's training (`loop.train`), every epoch in one compiled call; the trained state is
-    written back into the model. `on_step`, `checkpoint` and `patience` are refused: nothing runs between steps."""
+    written back into the model. `data` and `validation_data` as `loop.train` takes arrays (a loader of batches is
+    the reference loop's alone). `on_step`, `checkpoint` and `patience` are refused: nothing runs between steps."""
     if cfg.patience is not None:
         raise SpecError("the fused scan runs every epoch in one call, so it cannot stop early; use the path "
                         "jax-native (native.jax.loop) with patience")
@@ -42,6 +43,7 @@ def train(model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None
     if checkpoint is not None:
         raise SpecError("the fused scan runs every epoch in one call, so no epoch ends where a checkpoint could be "
                         "written; use the path jax-native (native.jax.loop) with checkpoint")
+    data, cfg = as_whole_arrays(model, data, cfg, validation_data, path="jax-native-scan", reference="jax-native")
     check_data(cfg, data, ensure_built(model, data.x_train))
     optimizer, loss_fn, metrics = optim.build(cfg), training_loss(cfg), keras_metrics(cfg)
     state = loop.init_state(model, optimizer, metrics)

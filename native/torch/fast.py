@@ -24,7 +24,7 @@ from torch._dynamo.utils import counters  # dynamo's tally, which `compiled.one_
 from keras_side.arrays import as_tuple, keras_inputs, take
 from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
-from keras_side.data import HarData, batch_slices, verb_inputs
+from keras_side.data import as_whole_arrays, batch_slices, verb_inputs
 from keras_side.losses import as_fit_shapes, verb_loss
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built, state_kept, weight_constraints
@@ -74,14 +74,17 @@ def total_loss(model, loss_fn, x, y, training: bool, regularized: bool = True, s
     return (loss + sum(extra) if extra else loss), outputs
 
 
-def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, progress=None, on_step=None,
-          checkpoint=None, resume: bool = False) -> Result:
-    """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch.
+def train(model, data, cfg: TrainConfig, *, validation_data=None, compile: bool = False, progress=None,
+          on_step=None, checkpoint=None, resume: bool = False) -> Result:
+    """The spec's loss and optimizer over shuffled mini-batches; the validation loss after every epoch. `data` and
+    `validation_data` as `loop.train` takes arrays (a loader of batches is the reference loop's alone).
     `compile=True` runs the step through `torch.compile` (`native.torch.compiled`). `on_step(loss)` is called after
     every optimizer step with the step's batch loss (the training-parity check reads the weights there).
     `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler
     with `torch.save`); `resume=True` goes on from the last one there."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
+    name = "torch-native-compile" if compile else "torch-native-fast"
+    data, cfg = as_whole_arrays(model, data, cfg, validation_data, path=name, reference="torch-native")  # as the loop
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)
     device = next(model.parameters()).device
@@ -89,7 +92,6 @@ def train(model, data: HarData, cfg: TrainConfig, *, compile: bool = False, prog
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg, compile=compile)
     constrained = constraints_of(model)
-    name = "torch-native-compile" if compile else "torch-native-fast"
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", name, resume=resume) if checkpoint else None
     if saved and saved.saved:
         saved.restore(lambda folder: torch_checkpoint.read(folder, (model, optimizer, scheduler)))

@@ -2,6 +2,8 @@
 import numpy as np
 
 from compare.engines import paths
+from keras_side.determinism import seed_everything
+from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
 
 loop = paths.loop(ENGINE)
@@ -55,3 +57,27 @@ def engines_loader(x, y, w, batch_size: int):
                 yield tuple({k: v[cut] for k, v in a.items()} if isinstance(a, dict) else a[cut] for a in arrays)
 
     return Batches()
+
+
+def users_model():
+    """A model of a user's own: two named inputs (a list, as the loops carry several), one named output."""
+    import keras
+
+    a, b = keras.Input((3,), name="returns"), keras.Input((2,), name="volumes")
+    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(keras.layers.Concatenate()([a, b]))
+    return keras.Model([a, b], keras.layers.Dense(1, name="forecast")(hidden))
+
+
+def fresh_users_model(compiled: TrainConfig | None = None):
+    """`users_model()` from seed 0 in a fresh Keras session; `compiled`: compiled for `fit` with that spec's
+    optimizer and MSE."""
+    import keras
+
+    from keras_side.optimizers import keras_optimizer
+
+    keras.backend.clear_session()
+    seed_everything(0)
+    model = users_model()
+    if compiled is not None:
+        model.compile(optimizer=keras_optimizer(compiled), loss="mse")
+    return model

@@ -11,7 +11,7 @@ from keras_side.determinism import seed_everything
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
-from tests.native.loops import engines_loader, flat, loop, val_mse
+from tests.native.loops import engines_loader, flat, fresh_users_model, loop, users_model, val_mse
 from tests.tiers import FULL
 
 QUICK = TrainConfig(epochs=3)
@@ -659,30 +659,6 @@ def test_data_that_the_models_inputs_do_not_take_is_one_spec_error(har, panel):
                                  x_test=days[:8], y_test=days[:8, 0, :1])
     rnn = keras.Sequential([keras.Input((10, 2)), keras.layers.SimpleRNN(2), keras.layers.Dense(1)])
     assert len(loop.train(rnn, longer, TrainConfig(epochs=1, batch_size=20)).train_loss) == 1
-
-
-def users_model():
-    """A model of a user's own: two named inputs (a list, as the loops carry several), one named output."""
-    import keras
-
-    a, b = keras.Input((3,), name="returns"), keras.Input((2,), name="volumes")
-    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(keras.layers.Concatenate()([a, b]))
-    return keras.Model([a, b], keras.layers.Dense(1, name="forecast")(hidden))
-
-
-def fresh_users_model(compiled: TrainConfig | None = None):
-    """`users_model()` from seed 0 in a fresh Keras session; `compiled`: compiled for `fit` with that spec's
-    optimizer and MSE."""
-    import keras
-
-    from keras_side.optimizers import keras_optimizer
-
-    keras.backend.clear_session()
-    seed_everything(0)
-    model = users_model()
-    if compiled is not None:
-        model.compile(optimizer=keras_optimizer(compiled), loss="mse")
-    return model
 
 
 def test_a_users_arrays_train_as_fit_trains_them():

@@ -93,3 +93,36 @@ def test_the_fused_scan_refuses_what_needs_python_between_steps(har, option, mat
     cfg = TrainConfig(epochs=2, patience=None if option else 1)
     with pytest.raises(SpecError, match=match):
         scan.train(models.har(), har, cfg, **option)
+
+
+def test_the_fast_paths_take_a_users_arrays_and_the_scan_refuses_a_loader_in_one_line():
+    """What the reference loop takes as `fit` does (inputs as a dict by name, sample weights, validation_data; 96
+    rows in batches of 40, the last one short), the fast paths take too: the convolution-as-matmul loop ends on the
+    reference loop's weights to the bit (the model has no convolution), the fused scan within `SCAN_VS_LOOP_ATOL`. A
+    loader, whose batches the scan cannot cut from whole arrays, is one line naming the reference loop, refused
+    before the loader is read."""
+    from native.jax import fast
+    from tests.native.loops import engines_loader, fresh_users_model
+
+    rng = np.random.default_rng(0)
+    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
+    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
+    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)
+    looped, matmul, fused = (train(fresh_users_model(), (x, y, w), cfg, validation_data=val)
+                             for train in (jax_loop.train, fast.train, scan.train))
+    assert (matmul.path, fused.path) == ("jax-native-fast", "jax-native-scan") and fused.units == "as given"
+    for mine, reference in zip(matmul.weights, looped.weights, strict=True):
+        np.testing.assert_array_equal(mine, reference)
+    np.testing.assert_allclose(flat(fused.weights), flat(looped.weights), atol=SCAN_VS_LOOP_ATOL, rtol=0)
+    np.testing.assert_allclose(fused.val_loss, looped.val_loss, rtol=1e-5)
+    assert matmul.val_loss == looped.val_loss and len(fused.val_loss) == 3
+
+    class Unread:
+        def __iter__(self):
+            raise AssertionError("the loader was read")
+
+    for loader in (engines_loader(x, y, w, 40), Unread()):
+        with pytest.raises(SpecError, match=r"^the path jax-native-scan cuts its batches from whole arrays and "
+                                            r"cannot train on a loader of batches; .* on the path jax-native$"):
+            scan.train(fresh_users_model(), loader, cfg)

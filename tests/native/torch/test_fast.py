@@ -11,7 +11,7 @@ from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL, PORTABLE_ATOL
 from keras_side import internals, models
 from keras_side.arrays import as_tuple
 from keras_side.determinism import seed_everything
-from keras_side.spec import TrainConfig
+from keras_side.spec import SpecError, TrainConfig
 from keras_side.zoo import ZOO
 from native.torch import bypass, fast, loop
 from native.torch import compiled as torch_compiled
@@ -63,7 +63,7 @@ def test_a_wrapped_torch_module_keeps_the_compiled_loss():
 PREDICT_ON_JAX = """
 import sys, numpy as np
 from keras_side import models
-from keras_side.spec import TrainConfig
+from keras_side.spec import SpecError, TrainConfig
 model = models.har()
 model.load_weights(sys.argv[1])
 np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))
@@ -744,3 +744,32 @@ def test_the_fast_verbs_take_inputs_by_name_as_the_loops_verbs_do():
     np.testing.assert_array_equal(fast.predict(model, x), fast.predict(model, ordered))
     for by_name, by_order in zip(fast.grad_at(model, x, y), fast.grad_at(model, ordered, y), strict=True):
         np.testing.assert_array_equal(by_name, by_order)
+
+
+def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
+    """What the reference loop takes as `fit` does (inputs as a dict by name, float64 cast as fit casts them, sample
+    weights, validation_data; 96 rows in batches of 40, the last one short), the fast loop takes too, and ends on
+    its weights, to the bit; a loader, whose batches it cannot cut from whole arrays, is one line naming the
+    reference loop, refused before the loader is read."""
+    from tests.native.loops import engines_loader, fresh_users_model
+
+    rng = np.random.default_rng(0)
+    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
+    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
+    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)
+    looped, fasted = (train(fresh_users_model(), (x, y, w), cfg, validation_data=val) for train in (loop.train,
+                                                                                                     fast.train))
+    assert fasted.path == "torch-native-fast" and fasted.units == looped.units == "as given"
+    for mine, reference in zip(fasted.weights, looped.weights, strict=True):
+        np.testing.assert_array_equal(mine, reference)
+    assert fasted.val_loss == looped.val_loss and len(fasted.val_loss) == 3
+
+    class Unread:
+        def __iter__(self):
+            raise AssertionError("the loader was read")
+
+    for loader in (engines_loader(x, y, w, 40), Unread()):
+        with pytest.raises(SpecError, match=r"^the path torch-native-fast cuts its batches from whole arrays and "
+                                            r"cannot train on a loader of batches; .* on the path torch-native$"):
+            fast.train(fresh_users_model(), loader, cfg)
