@@ -42,7 +42,6 @@ from keras_side.results import load_trained, trained_cpus, versions
 from keras_side.spec import DATA_PARALLEL, TrainConfig, data_parallel_config
 from native.torch.launch import torchrun_command
 
-ENGINES = ("torch", "jax", "tensorflow")
 # The zoo's models that data parallelism can train as one process does (docs/distributed.md), on every engine: BatchNorm
 # takes the global batch's moments (synchronized); a seeded Dropout's mask is the global batch's, each rank or replica
 # applying its rows of it (JAX's sharded step; torch's `compiled.Draws`; TensorFlow's `mirrored.rows_of_global_batch`). Not

@@ -13,12 +13,13 @@ from compare.errors import NativeLoopsError
 from compare.io import write_json
 from compare.referee import report, zoo
 from compare.speed import walk_forward
+from keras_side.backend import ENGINES
 
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every engine's N-process run ends at its one-process weights, 1 when one does not, 3 when an
     engine is missing or its run failed."""
-    engines = parse_names(args.engines, distributed.ENGINES, "engine")
+    engines = parse_names(args.engines, ENGINES, "engine")  # every engine has a launcher
     cores = os.cpu_count() or 1
     if not 1 <= args.processes <= cores:
         raise NativeLoopsError(f"--processes must be between 1 and this machine's {cores} cores (one process "

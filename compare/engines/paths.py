@@ -10,6 +10,8 @@ from compare.errors import NativeLoopsError
 from keras_side.backend import ENGINES
 
 LOOP_MODULES = {"torch": "native.torch.loop", "jax": "native.jax.loop", "tensorflow": "native.tensorflow.loop"}
+# The engines with a many-model trainer (`train_many`: every seed, learning rate or window in one program), and its module.
+MANY_MODULES = {"jax": "native.jax.many", "torch": "native.torch.many"}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from compare.data import reference
+from compare.engines import paths
 from compare.errors import NativeLoopsError
 from keras_side.backend import (JAX_CACHE_VARIABLE, engine_environment, engine_installed, jax_cache_environment,
                                 not_installed)
@@ -50,7 +51,7 @@ STARTUP_LIMIT_S = 900.0
 # Niceness ranks processes across the machine, not within a run: beside other busy jobs the niced workers wait on
 # those instead. NATIVE_LOOPS_NICE sets how much lower (0 to 19; `make test`, which runs two tests at a time: 0).
 CRITICAL, BEHIND_NICE, NICE_VARIABLE = "tensorflow", 10, "NATIVE_LOOPS_NICE"
-MANY_ENGINES = ("jax", "torch")  # the engines with a many-model trainer (`compare.engines.worker.MANY`)
+MANY_ENGINES = tuple(paths.MANY_MODULES)  # the engines with a many-model trainer
 HAR = ZOO["har"].build  # the model `compare` trains unless told another
 
 

@@ -159,7 +159,6 @@ def nudge(model: keras.Model) -> None:
 
 
 # The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).
-MANY = {"jax": "native.jax.many", "torch": "native.torch.many"}  # compare.engines.runner.MANY_ENGINES
 
 
 def seeds(request: dict, send) -> dict:
@@ -170,7 +169,7 @@ def seeds(request: dict, send) -> dict:
     name, found = request["name"], {}
     if request["seeds"]:
         send(event="progress", engine=ENGINE, path=f"{len(request['seeds'])} seeds", stage="seeds", epoch=0, epochs=1)
-        many = importlib.import_module(MANY[ENGINE])
+        many = importlib.import_module(paths.MANY_MODULES[ENGINE])
         rates = request.get("learning_rates") or [cfg.learning_rate]
         init = InitialWeights.of(builder(request), data.x_train)
         one_rate = init.draw(request["seeds"])  # every rate trains the same seeds: the rates are what differs
