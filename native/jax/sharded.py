@@ -42,16 +42,18 @@ from keras_side.spec import SpecError, TrainConfig, data_parallel_config
 from native import preflight
 from native.jax import convolution, loop, optim
 
+# Our watchdogs' bounds are limits, named as compare's runner names its own (`QUIET_LIMIT_S`, `STARTUP_LIMIT_S`); an
+# engine's own bound keeps the engine's word (JAX's `initialization_timeout`, torch's process-group `timeout`).
 # jax.distributed's coordinator waits this long for every process to join; a process that dies later is seen by
 # the launcher (it ends), one that hangs is not: a gloo collective in jax 0.10.2 waits for it forever. So the
-# launcher watches each process's finished steps and stops the run when none finishes one for QUIET_TIMEOUT_S
+# launcher watches each process's finished steps and stops the run when none finishes one for QUIET_LIMIT_S
 # (NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S, as torch's process-group timeout), counting only once a first step has
-# finished (before it, imports and compiles are start-up, bounded by START_TIMEOUT_S).
+# finished (before it, imports and compiles are start-up, bounded by STARTUP_LIMIT_S).
 JOIN_TIMEOUT_S = 60
-QUIET_TIMEOUT_S = 60
-START_TIMEOUT_S = 900
+QUIET_LIMIT_S = 60
+STARTUP_LIMIT_S = 900
 # The walk-forward is one compiled call that reports no steps: a bound on the whole run instead (it takes seconds).
-WALK_FORWARD_TIMEOUT_S = 3600
+WALK_FORWARD_LIMIT_S = 3600
 
 
 def put(array, sharding: NamedSharding) -> jax.Array:
@@ -233,12 +235,12 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
     """Start `processes` Python processes on this host, one CPU device each, joined by jax.distributed; wait for all.
     The first that fails stops the others at once (they would wait for it in a collective until the timeout), and
     its result is returned (else process 0's, with every process's stderr). A run in which no process finishes a
-    step for QUIET_TIMEOUT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
-    of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_TIMEOUT_S. A spec that a
+    step for QUIET_LIMIT_S (a process hangs, the others wait for it) is stopped whole, exit 124, the last line
+    of its stderr saying so; the walk-forward, which reports no steps, at WALK_FORWARD_LIMIT_S. A spec that a
     process refuses (exit 2, one line) is that line alone, exit 2."""
     port = port or preflight.free_port()
     env = {**os.environ, "KERAS_BACKEND": "jax", **(env or {})}
-    quiet_timeout = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_TIMEOUT_S))
+    quiet_limit = float(env.get("NATIVE_LOOPS_COLLECTIVE_TIMEOUT_S", QUIET_LIMIT_S))
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "xla_force_host_platform_device_count" not in f)  # one device per process
     common = ["--coordinator", f"127.0.0.1:{port}", "--processes", str(processes), "--data", str(data), "--out",
@@ -259,9 +261,9 @@ def launch(processes: int, data: Path, out: Path, config: dict, build: str = "ke
                 now = [_steps(s) for s in steps]
                 if now != seen:
                     seen, since = now, time.monotonic()
-                limit = quiet_timeout if any(now) else START_TIMEOUT_S
-                if walk_forward and time.monotonic() - started > WALK_FORWARD_TIMEOUT_S:
-                    quiet = (f"the walk-forward ran past {WALK_FORWARD_TIMEOUT_S} s: a process hangs, or waits in "
+                limit = quiet_limit if any(now) else STARTUP_LIMIT_S
+                if walk_forward and time.monotonic() - started > WALK_FORWARD_LIMIT_S:
+                    quiet = (f"the walk-forward ran past {WALK_FORWARD_LIMIT_S} s: a process hangs, or waits in "
                              f"a collective for one that does; stopped all {processes}")
                 elif time.monotonic() - since > limit and not walk_forward:
                     hung = [i for i, p in enumerate(procs) if is_stopped(p.pid)]  # where the system can tell
