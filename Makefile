@@ -73,4 +73,4 @@ check-platforms: $(STAMP)
 	$(BIN)/python .ci/platforms.py check
 
 clean:
-	rm -rf $(VENV) .venv-newest .keras_home .pytest_cache
+	rm -rf $(VENV) .venv-newest .keras_home .pytest_cache .test_cache

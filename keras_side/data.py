@@ -191,6 +191,10 @@ def as_whole_arrays(model, data, cfg: TrainConfig, validation_data=None, *, path
     if _is_loader(data):
         raise SpecError(f"the path {path} cuts its batches from whole arrays and cannot train on a loader of "
                         f"batches; give (x, y) arrays or a HarData, or train the loader on the path {reference}")
+    if validation_data is not None and _is_loader(validation_data):
+        raise SpecError(f"the path {path} cuts its batches from whole arrays and cannot train on a loader of "
+                        "batches; give validation_data=(x_val, y_val) arrays, or train both loaders on the path "
+                        f"{reference}")
     return as_data(model, data, cfg, validation_data)
 
 

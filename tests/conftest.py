@@ -1,6 +1,7 @@
 """Shared fixtures. Engine tests (tests/keras_side, tests/native) run once per engine: `make test` sets
 KERAS_BACKEND for each pytest process, because Keras fixes its backend at the first import."""
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -8,6 +9,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 120  # waiting for a process to start, or to end: against a hang, never a measure of speed
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process `pid` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def wait_for(condition, guard_s: float = HANG_GUARD_S) -> bool:
@@ -24,13 +36,25 @@ TEST_CACHE = REPO / ".test_cache"
 os.environ["XDG_CACHE_HOME"] = str(TEST_CACHE)
 # The JAX suite's own processes, and those they launch, compile through JAX's persistent cache, as compare's workers
 # do: Keras jits each new model's step afresh, so the suite compiles the same programs many times over (the HAR's
-# `fit`, test after test), and a hit loads the executable that compile would give (keras_side.backend). A folder of
-# its own, empty on a fresh clone, with no size limit: with one, JAX locks the folder and reads every entry's access
-# time at each write, which took back what the hits saved. What it saves: docs/dev-notes.md, "make test's time". A
-# JAX_COMPILATION_CACHE_DIR of the caller's is kept.
-if os.environ.get("KERAS_BACKEND") == "jax" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ |= {"JAX_COMPILATION_CACHE_DIR": str(TEST_CACHE / "jax-suite"),
+# `fit`, test after test), and a hit loads the executable that compile would give (keras_side.backend). What it
+# saves: docs/dev-notes.md, "make test's time". With no size limit: with one, JAX locks the folder and reads every
+# entry's access time at each write, which took back what the hits saved. Without one JAX takes no lock and writes
+# each entry in place, so a process killed mid-write (the fault tests kill some) may leave a truncated entry, read
+# (a warning and a compile) by every later run: the folder is this session's, empty at its start and removed at its
+# end (`pytest_sessionfinish`; a killed session's, by the next). A JAX_COMPILATION_CACHE_DIR of the caller's is kept.
+JAX_SUITE_CACHE = None
+if os.environ.get("KERAS_BACKEND") == "jax" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # pytest's first process
+    for stale in TEST_CACHE.glob("jax-suite-*"):
+        if not pid_exists(int(stale.name.removeprefix("jax-suite-"))):
+            shutil.rmtree(stale, ignore_errors=True)
+    JAX_SUITE_CACHE = TEST_CACHE / f"jax-suite-{os.getpid()}"
+    os.environ |= {"JAX_COMPILATION_CACHE_DIR": str(JAX_SUITE_CACHE),
                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+def pytest_sessionfinish(session):
+    if JAX_SUITE_CACHE is not None:  # the process that made it, after its xdist workers have ended
+        shutil.rmtree(JAX_SUITE_CACHE, ignore_errors=True)
 
 
 def users_keras_home(folder: Path, **more) -> Path:

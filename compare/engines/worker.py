@@ -158,9 +158,6 @@ def nudge(model: keras.Model) -> None:
     model.set_weights(weights)
 
 
-# The engines with a many-model trainer (`native.<engine>.many.train_seeds`: vmap over stacked models).
-
-
 def seeds(request: dict, send) -> dict:
     """The model trained once per seed at once by this engine's many-model trainer (for each learning rate of the
     request when it gives several: rate-major), and with `fit` at the run's seed when asked: each model's

@@ -89,9 +89,11 @@ def test_the_figure_shows_the_worst_judged_path_of_each_cell():
     assert figures.zoo_grid([history_off], ["har"], ["adam"], floor=-9.0)[0, 0] == np.inf
 
 
-# make test: every setting on torch, in one worker (its Keras-exact optimizers are this package's own code; JAX's are
-# optax's, TensorFlow's Keras's); `make test-full` (and `native-loops zoo`): every setting on every engine.
-OPTIMIZER_ENGINES = rows(["torch", "jax", "tensorflow"], fast=["torch"])
+# make test: every setting on torch, in one worker (torch's Keras-exact optimizers are the package's own torch.optim
+# classes, JAX's the package's own composition of optax transforms, TensorFlow's Keras's: tests/native/test_optim.py
+# steps every engine's against Keras's, every setting, in each engine's suite); `make test-full` (and `native-loops
+# zoo`): every setting on every engine, through the zoo's loops.
+OPTIMIZER_ENGINES = [e for e in rows(["torch", "jax", "tensorflow"], fast=["torch"]) if e in installed_engines()]
 
 
 def test_every_optimizer_setting_on_a_regularized_model(tmp_path):

@@ -126,3 +126,10 @@ def test_the_fast_paths_take_a_users_arrays_and_the_scan_refuses_a_loader_in_one
         with pytest.raises(SpecError, match=r"^the path jax-native-scan cuts its batches from whole arrays and "
                                             r"cannot train on a loader of batches; .* on the path jax-native$"):
             scan.train(fresh_users_model(), loader, cfg)
+    with pytest.raises(SpecError, match=r"^the path jax-native-scan .* give validation_data=\(x_val, y_val\) arrays"):
+        scan.train(fresh_users_model(), (x, y), cfg, validation_data=Unread())
+    # the convolution-as-matmul loop is the reference loop's, a loader included
+    looped, matmul = (train(fresh_users_model(), engines_loader(x, y, w, 40), cfg) for train in
+                      (jax_loop.train, fast.train))
+    for mine, reference in zip(matmul.weights, looped.weights, strict=True):
+        np.testing.assert_array_equal(mine, reference)

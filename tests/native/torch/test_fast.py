@@ -63,7 +63,7 @@ def test_a_wrapped_torch_module_keeps_the_compiled_loss():
 PREDICT_ON_JAX = """
 import sys, numpy as np
 from keras_side import models
-from keras_side.spec import SpecError, TrainConfig
+from keras_side.spec import TrainConfig
 model = models.har()
 model.load_weights(sys.argv[1])
 np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))
@@ -769,7 +769,11 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
         def __iter__(self):
             raise AssertionError("the loader was read")
 
-    for loader in (engines_loader(x, y, w, 40), Unread()):
-        with pytest.raises(SpecError, match=r"^the path torch-native-fast cuts its batches from whole arrays and "
-                                            r"cannot train on a loader of batches; .* on the path torch-native$"):
-            fast.train(fresh_users_model(), loader, cfg)
+    for loader, compile in ((engines_loader(x, y, w, 40), False), (Unread(), False), (Unread(), True)):
+        name = "torch-native-compile" if compile else "torch-native-fast"
+        with pytest.raises(SpecError, match=rf"^the path {name} cuts its batches from whole arrays and cannot train "
+                                            r"on a loader of batches; .* on the path torch-native$"):
+            fast.train(fresh_users_model(), loader, cfg, compile=compile)
+    with pytest.raises(SpecError, match=r"^the path torch-native-fast .* cannot train on a loader of batches; give "
+                                        r"validation_data=\(x_val, y_val\) arrays"):
+        fast.train(fresh_users_model(), (x, y), cfg, validation_data=Unread())
