@@ -81,3 +81,21 @@ def fresh_users_model(compiled: TrainConfig | None = None):
     if compiled is not None:
         model.compile(optimizer=keras_optimizer(compiled), loss="mse")
     return model
+
+
+def users_arrays():
+    """Arrays of a user's own for `users_model`, as `fit` takes them: inputs as a dict by name (float64, cast as fit
+    casts them), targets, sample weights (96 rows), and validation_data (32 rows)."""
+    rng = np.random.default_rng(0)
+    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
+    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
+    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    return x, y, w, val
+
+
+class Unread:
+    """A loader that fails the test if it is read: what is refused must be refused before reading it."""
+
+    def __iter__(self):
+        raise AssertionError("the loader was read")
+

@@ -11,7 +11,7 @@ from keras_side.determinism import seed_everything
 from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
-from tests.native.loops import engines_loader, flat, fresh_users_model, loop, users_model, val_mse
+from tests.native.loops import engines_loader, flat, fresh_users_model, loop, users_arrays, users_model, val_mse
 from tests.tiers import FULL
 
 QUICK = TrainConfig(epochs=3)
@@ -665,10 +665,7 @@ def test_a_users_arrays_train_as_fit_trains_them():
     """The loop takes what `fit` takes: inputs as a dict by name (float64, cast as fit casts them), targets, sample
     weights and validation_data. One batch of every row (so that no batch order is in play) for three epochs: the
     loop ends at `fit`'s weights and reports its validation losses, in the data's own units."""
-    rng = np.random.default_rng(0)
-    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
-    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
-    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    x, y, w, val = users_arrays()
     cfg = TrainConfig(epochs=3, batch_size=96, learning_rate=0.05)
 
     want = fresh_users_model(compiled=cfg)

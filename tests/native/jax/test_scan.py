@@ -102,12 +102,9 @@ def test_the_fast_paths_take_a_users_arrays_and_the_scan_refuses_a_loader_in_one
     loader, whose batches the scan cannot cut from whole arrays, is one line naming the reference loop, refused
     before the loader is read."""
     from native.jax import fast
-    from tests.native.loops import engines_loader, fresh_users_model
+    from tests.native.loops import Unread, engines_loader, fresh_users_model, users_arrays
 
-    rng = np.random.default_rng(0)
-    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
-    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
-    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    x, y, w, val = users_arrays()
     cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)
     looped, matmul, fused = (train(fresh_users_model(), (x, y, w), cfg, validation_data=val)
                              for train in (jax_loop.train, fast.train, scan.train))
@@ -117,10 +114,6 @@ def test_the_fast_paths_take_a_users_arrays_and_the_scan_refuses_a_loader_in_one
     np.testing.assert_allclose(flat(fused.weights), flat(looped.weights), atol=SCAN_VS_LOOP_ATOL, rtol=0)
     np.testing.assert_allclose(fused.val_loss, looped.val_loss, rtol=1e-5)
     assert matmul.val_loss == looped.val_loss and len(fused.val_loss) == 3
-
-    class Unread:
-        def __iter__(self):
-            raise AssertionError("the loader was read")
 
     for loader in (engines_loader(x, y, w, 40), Unread()):
         with pytest.raises(SpecError, match=r"^the path jax-native-scan cuts its batches from whole arrays and "

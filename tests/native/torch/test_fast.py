@@ -751,12 +751,9 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
     weights, validation_data; 96 rows in batches of 40, the last one short), the fast loop takes too, and ends on
     its weights, to the bit; a loader, whose batches it cannot cut from whole arrays, is one line naming the
     reference loop, refused before the loader is read."""
-    from tests.native.loops import engines_loader, fresh_users_model
+    from tests.native.loops import Unread, engines_loader, fresh_users_model, users_arrays
 
-    rng = np.random.default_rng(0)
-    x = {"volumes": rng.normal(size=(96, 2)), "returns": rng.normal(size=(96, 3))}
-    y, w = rng.normal(size=(96, 1)), rng.uniform(0.5, 2.0, 96)
-    val = ({"returns": rng.normal(size=(32, 3)), "volumes": rng.normal(size=(32, 2))}, rng.normal(size=(32, 1)))
+    x, y, w, val = users_arrays()
     cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)
     looped, fasted = (train(fresh_users_model(), (x, y, w), cfg, validation_data=val) for train in (loop.train,
                                                                                                      fast.train))
@@ -764,10 +761,6 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
     for mine, reference in zip(fasted.weights, looped.weights, strict=True):
         np.testing.assert_array_equal(mine, reference)
     assert fasted.val_loss == looped.val_loss and len(fasted.val_loss) == 3
-
-    class Unread:
-        def __iter__(self):
-            raise AssertionError("the loader was read")
 
     for loader, compile in ((engines_loader(x, y, w, 40), False), (Unread(), False), (Unread(), True)):
         name = "torch-native-compile" if compile else "torch-native-fast"
