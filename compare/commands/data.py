@@ -7,7 +7,7 @@ from pathlib import Path
 
 from compare.commands.common import check_seed, load, refuse_asset
 from compare.data import panel, reference, synthetic
-from compare.errors import NativeLoopsError
+from compare.errors import HarDataError, NativeLoopsError
 from compare.io import exists
 from compare.referee import report
 
@@ -26,11 +26,18 @@ def run(args: argparse.Namespace) -> int:
     if args.out and exists(args.out, "--out"):
         raise NativeLoopsError(f"--out {args.out!r} already exists; choose a new file (nothing is overwritten)")
     prices, source = load(args, seed=args.seed)
-    fits = {a: panel.of_asset(a, reference.ols_for, prices, a, args.split, args.end, panel.HAR, args.validation)
-            for a in sorted(prices["activo"].unique())}
+    fits, unfit = {}, {}
+    for asset in sorted(prices["activo"].unique()):
+        try:
+            fits[asset] = panel.of_asset(asset, reference.ols_for, prices, asset, args.split, args.end, panel.HAR,
+                                         args.validation)
+        except HarDataError as err:  # an asset the HAR cannot fit: named in the summary of the others
+            unfit[asset] = str(err)
+    if not fits:  # no asset to summarize: the first one's reason, the one line of any bad input
+        raise HarDataError(next(iter(unfit.values())))
     if args.out:
         synthetic.write_parquet(prices, args.out, seed=args.seed)
-    report.print_data_summary(prices, source, fits, synthetic.TRUE if args.data is None else None)
+    report.print_data_summary(prices, source, fits, synthetic.TRUE if args.data is None else None, unfit)
     if args.out:
         report.console().print(f"wrote {report.shown(args.out)}")
     return 0

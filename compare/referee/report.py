@@ -32,18 +32,24 @@ def console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 132)
 
 
-def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], truth: TrueProcess | None) -> None:
-    """Rows and dates per asset, the true process when known, and OLS per asset (original units)."""
+def print_data_summary(panel: pd.DataFrame, source: str, fits: dict[str, Ols], truth: TrueProcess | None,
+                       unfit: dict[str, str] | None = None) -> None:
+    """Rows and dates per asset, the true process when known, and OLS per asset (original units); an asset in
+    `unfit` (asset -> why) has its rows and dates, no OLS, and a line saying why."""
+    unfit = unfit or {}
     out = console()
     out.print(f"[bold]data[/bold]: {shown(source)}, {len(panel):,} rows")
     table = Table("asset", "rows", "first", "last", "d1", "s5", "m22", "intercept", "test MSE",
                   title="OLS per asset (HAR on log RV, fitted on the training rows, MSE on the test split)")
     by_asset = panel.groupby("activo")["fecha"].agg(["count", "min", "max"])
-    for asset, fit in fits.items():
-        row = by_asset.loc[asset]
-        table.add_row(asset, f"{row['count']:,}", f"{row['min']:%Y-%m-%d}", f"{row['max']:%Y-%m-%d}",
-                      *(f"{s:.4f}" for s in fit.slopes), f"{fit.intercept:.4f}", f"{fit.test_mse:.4f}")
+    for asset in sorted({*fits, *unfit}):
+        row, fit = by_asset.loc[asset], fits.get(asset)
+        ols = ([f"{s:.4f}" for s in fit.slopes] + [f"{fit.intercept:.4f}", f"{fit.test_mse:.4f}"] if fit else
+               ["-"] * 5)
+        table.add_row(asset, f"{row['count']:,}", f"{row['min']:%Y-%m-%d}", f"{row['max']:%Y-%m-%d}", *ols)
     out.print(table)
+    for why in unfit.values():
+        out.print(f"no OLS: {why}", markup=False, highlight=False)
     if truth is not None:
         t = truth.as_dict()
         slopes = ", ".join(f"{k} {v:.2f}" for k, v in t["slopes"].items())

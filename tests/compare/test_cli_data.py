@@ -1,5 +1,6 @@
 """Bad input through the CLI: one line on stderr naming problem and fix, exit 2, nothing written."""
 import os
+import re
 import subprocess
 import sys
 
@@ -496,9 +497,18 @@ def test_a_live_runs_out_is_refused_with_its_pid(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_an_asset_too_short_for_the_har_is_one_line(panel, tmp_path, capsys):
+def test_an_asset_too_short_for_the_har_is_named_beside_the_others_summary(panel, tmp_path, capsys):
+    """`data` summarizes every asset: one the HAR cannot fit has its rows and dates, no OLS, and a line saying why
+    (the whole summary was refused over it); with no asset to fit, the one line of bad input."""
     short = panel[(panel["activo"] != "oro") | (panel["fecha"] < "2008-01-20")]
     short.to_parquet(tmp_path / "short.parquet", index=False)
-    assert cli.main(["data", "--data", str(tmp_path / "short.parquet")]) == 2
+    assert cli.main(["data", "--data", str(tmp_path / "short.parquet")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no OLS: asset 'oro' has 13 days; the HAR needs more than 22" in out
+    assert re.search(r"│ oro │ 13 │ 2008-01-02 │ 2008-01-18 │ - │ - │ - │ - │ - │", out)
+    assert re.search(r"│ indice │ 4,569 │ 2008-01-02 │ 2025-12-30 │ 0\.\d{4} │", out)  # the others' OLS
+    panel[panel["fecha"] < "2008-01-20"].to_parquet(tmp_path / "all-short.parquet", index=False)
+    assert cli.main(["data", "--data", str(tmp_path / "all-short.parquet")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("native-loops: error: asset 'oro' has ") and "the HAR needs more than 22" in err
+    assert err.startswith("native-loops: error: asset 'accion' has 13 days; the HAR needs more than 22")
+    assert err.count("\n") == 1
