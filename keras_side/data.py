@@ -188,12 +188,11 @@ def as_whole_arrays(model, data, cfg: TrainConfig, validation_data=None, *, path
                     reference: str) -> tuple[HarData, TrainConfig]:
     """`as_data` for a fast path, which cuts its batches from whole arrays: a loader of batches is refused in one
     line naming the reference loop that trains on one (`path`, `reference`: the paths' names), before it is read."""
+    refused = f"the path {path} cuts its batches from whole arrays and cannot train on a loader of batches"
     if _is_loader(data):
-        raise SpecError(f"the path {path} cuts its batches from whole arrays and cannot train on a loader of "
-                        f"batches; give (x, y) arrays or a HarData, or train the loader on the path {reference}")
+        raise SpecError(f"{refused}; give (x, y) arrays or a HarData, or train the loader on the path {reference}")
     if validation_data is not None and _is_loader(validation_data):
-        raise SpecError(f"the path {path} cuts its batches from whole arrays and cannot train on a loader of "
-                        "batches; give validation_data=(x_val, y_val) arrays, or train both loaders on the path "
+        raise SpecError(f"{refused}; give validation_data=(x_val, y_val) arrays, or train both loaders on the path "
                         f"{reference}")
     return as_data(model, data, cfg, validation_data)
 

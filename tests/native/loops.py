@@ -98,4 +98,3 @@ class Unread:
 
     def __iter__(self):
         raise AssertionError("the loader was read")
-
