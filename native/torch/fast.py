@@ -14,7 +14,6 @@ silently trains nothing (keras-team/keras#20279).
 from __future__ import annotations
 
 import contextlib
-import time
 
 import keras
 import numpy as np
@@ -22,7 +21,6 @@ import torch
 from torch._dynamo.utils import counters  # dynamo's tally, which `compiled.one_graph` reads: no public one
 
 from keras_side.arrays import as_tuple, keras_inputs, take
-from keras_side.callbacks import EarlyStopping
 from keras_side.checks import check_data
 from keras_side.data import as_whole_arrays, batch_slices, verb_inputs
 from keras_side.losses import as_fit_shapes, verb_loss
@@ -30,7 +28,8 @@ from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built, state_kept, weight_constraints
 from keras_side.results import Result, compile_apart
 from keras_side.spec import TrainConfig
-from native.checkpoint import Checkpoints, fresh_curves
+from native import driver
+from native.checkpoint import Checkpoints
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import compiled, optim
 from native.torch.bypass import forward
@@ -81,103 +80,115 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, compile: bool 
     `compile=True` runs the step through `torch.compile` (`native.torch.compiled`). `on_step(loss)` is called after
     every optimizer step with the step's batch loss (the training-parity check reads the weights there).
     `checkpoint=DIR` writes a checkpoint at the end of every epoch (`native.checkpoint`: the optimizer and scheduler
-    with `torch.save`); `resume=True` goes on from the last one there."""
+    with `torch.save`); `resume=True` goes on from the last one there. The epochs are the driver's
+    (`native.driver.run`); the step is `FastSteps`."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
     name = "torch-native-compile" if compile else "torch-native-fast"
     data, cfg = as_whole_arrays(model, data, cfg, validation_data, path=name, reference="torch-native")  # as the loop
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)
-    device = next(model.parameters()).device
-    # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler, clip = optim.build(params, cfg, compile=compile)
-    constrained = constraints_of(model)
+    engine = FastSteps(model, data, cfg, compile=compile, looked_in=on_step is not None)
     saved = Checkpoints(checkpoint, model, data, cfg, "torch", name, resume=resume) if checkpoint else None
-    if saved and saved.saved:
-        saved.restore(lambda folder: torch_checkpoint.read(folder, (model, optimizer, scheduler)))
-    x, y = tensors(data.x_train, device), tensors(data.y_train, device)
-    outputs, regularized = _probe(model, take(x, slice(0, 1)), device)
-    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(y), as_tuple(outputs))))
-    x_val, y_val = tensors(data.x_val, device), tensors(data.y_val, device)
-    weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
+    # A compiled run of one epoch (or one left to resume) times each step: it has no other epoch to set its compile
+    # apart against, and a step that compiles stands out (`compile_apart`).
+    one_epoch = compile and cfg.epochs - (saved.start if saved else 0) == 1
+    curves, epoch_seconds, steps = driver.run(engine, cfg, saved=saved, progress=progress, on_step=on_step,
+                                              time_steps=one_epoch)
+    seconds, compile_seconds = compile_apart(epoch_seconds, steps) if compile else (sum(epoch_seconds), None)
+    return Result.from_training(name, "torch", model.get_weights(), data, cfg, curves["loss"], curves["val_loss"],
+                                predict(model, data.x_test), seconds, compile_seconds, metrics=curves["metrics"])
 
-    def batch_loss(xb, yb, wb, masks=()):
-        return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb,
-                          masks=masks)
 
-    backward = _through_autograd(batch_loss, optimizer)
-    if compile:
+class FastSteps(driver.Engine):
+    """The fast step on whole training arrays, for `driver.run`: each epoch's rows gathered once, each batch a view
+    of them; each batch's loss left on the device (`.item()` every step would wait for it), summed once an epoch."""
+
+    def __init__(self, model, data, cfg: TrainConfig, *, compile: bool, looked_in: bool):
+        """`looked_in`: an `on_step` of yours runs between steps (it may change what compiled graphs read)."""
+        self.model, self.data, self.cfg, self.compile, self.looked_in = model, data, cfg, compile, looked_in
+        self.device = device = next(model.parameters()).device
+        # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler, self.clip = optim.build(self.params, cfg, compile=compile)
+        self.constrained = constraints_of(model)
+        self.x, self.y = tensors(data.x_train, device), tensors(data.y_train, device)
+        outputs, self.regularized = _probe(model, take(self.x, slice(0, 1)), device)
+        self.loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(self.y),
+                                                                                      as_tuple(outputs))))
+        self.x_val, self.y_val = tensors(data.x_val, device), tensors(data.y_val, device)
+        self.weights = None if data.w_train is None else torch.as_tensor(data.w_train, device=device)
+        self.orders = batch_orders(cfg, data.n_train)  # every epoch's, drawn before the first: a resumed run too
+        self.slices = batch_slices(data.n_train, cfg.batch_size)
+        self.sizes = torch.tensor([rows.stop - rows.start for rows in self.slices], dtype=torch.float64)
+        self.metrics = EpochMetrics(cfg)
+        self.backward = self._backward()
+        self.warm = False  # compiled in one graph, for every batch shape of the run (after an epoch): guards skipped
+
+    def _backward(self):
+        """`backward(x, y, w) -> (loss, outputs)`, the gradients left in each `.grad`: eager, or compiled."""
+        model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
+
+        def batch_loss(xb, yb, wb, masks=()):
+            return total_loss(model, loss_fn, xb, yb, training=True, regularized=self.regularized, sample_weight=wb,
+                              masks=masks)
+
+        if not self.compile:
+            return _through_autograd(batch_loss, optimizer)
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
         # once more for a short last batch; the optimizer's update once, at the first step.
         torch.compiler.reset()
         counters.clear()  # dynamo's tally, to tell after the first epoch whether the step broke its graph
         compiled.traceable(model)
-        draws = compiled.Draws.of(model, x)
+        draws = compiled.Draws.of(model, self.x)
         if compiled.stateless(model, draws):
-            backward = compiled.compiled_gradient(model, loss_fn, draws)
-        else:  # with Draws, the Dropouts' masks drawn before the compiled step, which takes them as inputs
-            compiled_loss = torch.compile(batch_loss)
-            step = (lambda xb, yb, wb: compiled_loss(xb, yb, wb, draws(len(xb)))) if draws else compiled_loss
-            backward = _through_autograd(compiled.fresh_losses(model, step), optimizer)
-    sizes = torch.tensor([rows.stop - rows.start for rows in batch_slices(data.n_train, cfg.batch_size)],
-                         dtype=torch.float64)
-    warm = False  # compiled in one graph, for every batch shape of the run (after the first epoch): guards skipped
-    metrics, stop = EpochMetrics(cfg), EarlyStopping(cfg.patience) if cfg.patience else None
-    curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
-    train_loss, val_loss, epoch_seconds, metrics.history = curves["loss"], curves["val_loss"], [], curves["metrics"]
-    # A compiled run of one epoch (or one left to resume) times each step, (batch rows, seconds): it has no other
-    # epoch to set its compile apart against, and a step that compiles stands out (`compile_apart`).
-    steps = [] if compile and cfg.epochs - (saved.start if saved else 0) == 1 else None
-    for epoch, order in enumerate(batch_orders(cfg, data.n_train)):
-        if saved and epoch < saved.start:
-            continue  # done before the checkpoint: every epoch's order is drawn all the same, so the rest match
-        start = time.perf_counter()
-        order = order.to(device)
-        x_epoch, y_epoch = take(x, order), take(y, order)  # one gather per epoch; each batch is then a view
-        w_epoch = None if weights is None else weights[order]
-        losses = []  # each batch's mean loss, on the device: `.item()` every step would sync
-        if steps is not None:
-            mark = _clock(device)
-        with compiled.guards_skipped() if warm else contextlib.nullcontext():
-            for rows in batch_slices(data.n_train, cfg.batch_size):
-                y_batch, w_batch = take(y_epoch, rows), None if weights is None else w_epoch[rows]
-                loss, outputs = backward(take(x_epoch, rows), y_batch, w_batch)
-                if clip:
-                    clip(params)  # Keras clips inside its optimizer; torch between backward and step
-                optimizer.step()
-                if constrained:
-                    constrain(constrained)
-                if scheduler:
-                    scheduler.step()  # once a batch: Keras's schedules count optimizer steps
-                losses.append(loss.detach())
-                if metrics:
-                    metrics.update(y_batch, outputs.detach())
-                if on_step:
-                    on_step(loss.detach())
-                if steps is not None:
-                    now = _clock(device)
-                    steps.append((rows.stop - rows.start, now - mark))
-                    mark = now
-        warm = compile and on_step is None and compiled.one_graph()  # your `on_step` may change what the graphs read
-        train_loss.append(float(torch.stack(losses).cpu().double() @ sizes) / data.n_train)  # the mean over the rows
-        metrics.close()
-        if cfg.validate:
-            val_loss.append(_evaluate(model, loss_fn, x_val, y_val, regularized, metrics))
-        epoch_seconds.append(time.perf_counter() - start)
-        if saved:
-            saved.save(epoch + 1, model, curves,
-                       lambda folder: torch_checkpoint.write(folder, (model, optimizer, scheduler)))
-        if progress:
-            progress(epoch + 1, cfg.epochs)
-        if stop and stop.update(epoch, val_loss[-1], model.get_weights):
-            break
-    if stop:
-        model.set_weights(stop.best_weights)  # restore_best_weights
-    seconds, compile_seconds = compile_apart(epoch_seconds, steps) if compile else (sum(epoch_seconds), None)
-    return Result.from_training(name, "torch", model.get_weights(),
-                                data, cfg, train_loss, val_loss, predict(model, data.x_test), seconds, compile_seconds,
-                                metrics=metrics.history)
+            return compiled.compiled_gradient(model, loss_fn, draws)
+        # with Draws, the Dropouts' masks drawn before the compiled step, which takes them as inputs
+        compiled_loss = torch.compile(batch_loss)
+        step = (lambda xb, yb, wb: compiled_loss(xb, yb, wb, draws(len(xb)))) if draws else compiled_loss
+        return _through_autograd(compiled.fresh_losses(model, step), optimizer)
+
+    def batches(self, epoch: int):
+        order = self.orders[epoch].to(self.device)
+        x, y = take(self.x, order), take(self.y, order)  # one gather per epoch; each batch is then a view
+        w = None if self.weights is None else self.weights[order]
+        for rows in self.slices:  # the short last batch as it comes
+            yield take(x, rows), take(y, rows), None if w is None else w[rows]
+
+    def step(self, batch):
+        loss, outputs = self.backward(*batch)
+        if self.clip:
+            self.clip(self.params)  # Keras clips inside its optimizer; torch between backward and step
+        self.optimizer.step()
+        if self.constrained:
+            constrain(self.constrained)
+        if self.scheduler:
+            self.scheduler.step()  # once a batch: Keras's schedules count optimizer steps
+        if self.metrics:
+            self.metrics.update(batch[1], outputs.detach())
+        return loss.detach()
+
+    def epoch_loss(self, losses: list, rows: list[int]) -> float:
+        return float(torch.stack(losses).cpu().double() @ self.sizes) / self.data.n_train  # the mean over the rows
+
+    def epoch_scope(self, epoch: int):
+        return compiled.guards_skipped() if self.warm else contextlib.nullcontext()
+
+    def end_epoch(self) -> None:
+        self.warm = self.compile and not self.looked_in and compiled.one_graph()
+
+    def validate(self) -> float:
+        return _evaluate(self.model, self.loss_fn, self.x_val, self.y_val, self.regularized, self.metrics)
+
+    def synchronize(self) -> None:
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize(self.device)
+
+    def write(self, folder) -> None:
+        torch_checkpoint.write(folder, (self.model, self.optimizer, self.scheduler))
+
+    def read(self, folder) -> None:
+        torch_checkpoint.read(folder, (self.model, self.optimizer, self.scheduler))
 
 
 def constraints_of(model) -> list[tuple[torch.Tensor, object]]:
@@ -191,13 +202,6 @@ def constrain(constrained: list[tuple[torch.Tensor, object]]) -> None:
     with torch.no_grad():
         for p, constraint in constrained:
             p.copy_(constraint(p))
-
-
-def _clock(device) -> float:
-    """`time.perf_counter()` once the device has run what it was given (torch's CPU ops run as they are called)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-    return time.perf_counter()
 
 
 def _through_autograd(batch_loss, optimizer):

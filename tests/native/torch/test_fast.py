@@ -770,3 +770,51 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
     with pytest.raises(SpecError, match=r"^the path torch-native-fast .* cannot train on a loader of batches; give "
                                         r"validation_data=\(x_val, y_val\) arrays"):
         fast.train(fresh_users_model(), (x, y), cfg, validation_data=Unread())
+
+
+class Interrupted(Exception):
+    """Raised from an `on_step`: the run ends mid-epoch, as a crash would, its checkpoints on disk."""
+
+
+def test_the_drivers_epochs_stop_resume_and_report_as_the_reference_loops_do(har, tmp_path):
+    """The fast loop's epochs are the driver's (`native.driver.run`), not the reference loop's, so each thing the
+    driver does is checked against the reference loop, to the bit: early stopping with the best weights restored,
+    the metrics, `progress` and `on_step`; and a checkpoint resumed after a run ended in the middle of an epoch."""
+    from tests.native.checkpoint_models import stateful_mlp
+
+    cfg = TrainConfig(epochs=20, batch_order="numpy", learning_rate=0.05, patience=2, metrics=("mae",))
+
+    def trained(train, **options):
+        seed_everything(0)
+        calls = {"progress": [], "on_step": []}
+        result = train(models.ensure_built(models.mlp_sequential(), har.x_train), har, cfg,
+                       progress=lambda *a: calls["progress"].append(a),
+                       on_step=lambda loss: calls["on_step"].append(float(loss)), **options)
+        return result, calls
+
+    (reference, looked), (ours, seen) = trained(loop.train), trained(fast.train)
+    assert len(ours.val_loss) < cfg.epochs  # it stopped early
+    assert ours.train_loss == reference.train_loss and ours.val_loss == reference.val_loss
+    assert ours.metrics == reference.metrics and set(ours.metrics) == {"mae", "val_mae"}
+    assert seen == looked and len(seen["on_step"]) > len(seen["progress"]) > 0
+    for mine, want in zip(ours.weights, reference.weights, strict=True):
+        np.testing.assert_array_equal(mine, want)  # the best epoch's, restored
+
+    cfg = TrainConfig(epochs=3, batch_size=256, seed=3)  # 9 steps an epoch: the run ends in its third epoch
+    steps = []
+
+    def crash(loss):
+        steps.append(loss)
+        if len(steps) == 22:
+            raise Interrupted
+
+    seed_everything(cfg.seed)
+    whole = loop.train(stateful_mlp(), har, cfg)
+    seed_everything(cfg.seed)
+    with pytest.raises(Interrupted):
+        fast.train(stateful_mlp(), har, cfg, checkpoint=tmp_path, on_step=crash)
+    seed_everything(cfg.seed)
+    resumed = fast.train(stateful_mlp(), har, cfg, checkpoint=tmp_path, resume=True)
+    for mine, want in zip(resumed.weights, whole.weights, strict=True):
+        np.testing.assert_array_equal(mine, want)  # BatchNorm's statistics and the Dropout's seed state too
+    assert resumed.train_loss == whole.train_loss and resumed.val_loss == whole.val_loss
