@@ -59,12 +59,11 @@ from keras_side.models import batchnorm_layers, drawing_layers, ensure_built
 from keras_side.process import die_with_parent, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig
-from native import preflight
-from native.torch import optim
+from native import driver, preflight
 from native.torch.launch import torchrun_command
 from native.torch.bypass import forward
 from native.torch.compiled import Draws, drawable
-from native.torch.fast import constrain, constraints_of
+from native.torch.fast import Updates, through_autograd
 from native.torch.loop import tensors
 from native.torch.losses import spec_loss
 
@@ -115,48 +114,68 @@ def _global_moments(layer, inputs, mask):
 def train(build, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     """Train the model `build()` makes on this process's shard of every global batch; the process group must be
     initialized. Returns the trained weights (the same on every rank). The batch order is the shared NumPy one, so
-    every rank cuts the same global batches."""
+    every rank cuts the same global batches. The epochs are the driver's (`native.driver.run`), the step the fast
+    path's (`fast.through_autograd`, `fast.Updates`) on this rank's shard of the loss (`RankSteps`)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     model = ensure_built(build(), data.x_train)
-    x, y = data.x_train, data.y_train
-    draws = Draws.of(model, x)  # every rank draws the global batch's Dropout masks and takes its rows of them
+    draws = Draws.of(model, data.x_train)  # every rank draws the global batch's Dropout masks and takes its rows
     refuse_other_draws(model, draws=draws)
     check_data(cfg, data, model)  # as the one-process loop: every rank would raise deep in its loss
-    rank, world = dist.get_rank(), dist.get_world_size()
     synchronize_batchnorm(model)
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None  # set by main, from LOCAL_RANK
-    module = WithMasks(model) if draws else model
-    ddp = DistributedDataParallel(module, device_ids=[device] if device is not None else None)  # rank 0's weights
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler, clip = optim.build(params, cfg)
-    constrained = constraints_of(model)
-    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(y)))  # every target (n, 1), as the outputs
-    checked = False  # that every rank drew the first step's masks alike
-    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
-        for rows in batch_slices(data.n_train, cfg.batch_size):
-            size = rows.stop - rows.start  # the global batch's rows
-            positions = shard(slice(0, size), rank, world)  # this rank's rows of the batch
-            mine = order[rows][positions]
-            xb, yb = (tensors(take(a, mine), device) for a in (x, y))  # several inputs or targets: tuples
-            masks = ()
-            if draws:
-                drawn = draws(size)
-                if not checked:
-                    check_same_draws(drawn)
-                    checked = True
-                masks = tuple(m[positions] for m in drawn)
-            loss = shard_loss(model, loss_fn, xb, yb, size, world=world, forward=ddp, masks=masks)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over the ranks here
-            if clip:
-                clip(params)
-            optimizer.step()
-            if constrained:
-                constrain(constrained)
-            if scheduler:
-                scheduler.step()
+    driver.run(RankSteps(model, data, cfg, draws), cfg.replace(validate=False, patience=None))  # no validation rows
     return model.get_weights()
+
+
+class RankSteps(driver.Engine):
+    """This rank's part of every global batch, for `driver.run`: its rows (and its rows of the global batch's
+    Dropout masks), the loss of its shard (`shard_loss`) through DDP, whose backward averages the gradients over the
+    ranks, then the fast path's update."""
+
+    def __init__(self, model, data: HarData, cfg: TrainConfig, draws: Draws | None):
+        self.model, self.data, self.cfg, self.draws = model, data, cfg, draws
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None  # main set it, from LOCAL_RANK
+        module = WithMasks(model) if draws else model
+        ddp = DistributedDataParallel(module, device_ids=None if self.device is None else [self.device])  # rank 0's
+        self.update = Updates(model, cfg)  # weights, broadcast: the optimizer is built on them
+        # every target (n, 1), as the outputs
+        loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))
+        self.backward = through_autograd(lambda xb, yb, size, masks: (shard_loss(
+            model, loss_fn, xb, yb, size, world=self.world, forward=ddp, masks=masks), None), self.update.optimizer)
+        self.orders = numpy_orders(cfg.seed, data.n_train, cfg.epochs)
+        self.checked = False  # that every rank drew the first step's masks alike
+
+    def batches(self, epoch: int):
+        """`(x, y, the global batch's rows, masks)`: this rank's rows of each global batch."""
+        for rows in batch_slices(self.data.n_train, self.cfg.batch_size):
+            size = rows.stop - rows.start  # the global batch's rows
+            positions = shard(slice(0, size), self.rank, self.world)  # this rank's rows of the batch
+            mine = self.orders[epoch][rows][positions]
+            xb, yb = (tensors(take(a, mine), self.device) for a in (self.data.x_train, self.data.y_train))
+            masks = ()
+            if self.draws:
+                drawn = self.draws(size)
+                if not self.checked:
+                    check_same_draws(drawn)
+                    self.checked = True
+                masks = tuple(m[positions] for m in drawn)
+            yield xb, yb, size, masks
+
+    def step(self, batch):
+        loss, _ = self.backward(*batch)  # DDP averages the gradients over the ranks in backward
+        self.update()
+        return loss.detach()
+
+    def rows(self, batch) -> int:
+        return batch[2]
+
+    def epoch_loss(self, losses: list, rows: list[int]) -> float:
+        """The global batches' mean loss: the ranks' shard losses add up to `world` times their batch's loss
+        (`shard_loss`), so one all-reduce of the sums, once an epoch."""
+        total = torch.stack(losses).double() @ torch.tensor(rows, dtype=torch.float64, device=losses[0].device)
+        dist.all_reduce(total)
+        return float(total) / self.world / sum(rows)
 
 
 def refuse_other_draws(model, *, draws: Draws | None) -> None:

@@ -107,10 +107,7 @@ class FastSteps(driver.Engine):
         """`looked_in`: an `on_step` of yours runs between steps (it may change what compiled graphs read)."""
         self.model, self.data, self.cfg, self.compile, self.looked_in = model, data, cfg, compile, looked_in
         self.device = device = next(model.parameters()).device
-        # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler, self.clip = optim.build(self.params, cfg, compile=compile)
-        self.constrained = constraints_of(model)
+        self.update = Updates(model, cfg, compile=compile)
         self.x, self.y = tensors(data.x_train, device), tensors(data.y_train, device)
         outputs, self.regularized = _probe(model, take(self.x, slice(0, 1)), device)
         self.loss_fn = spec_loss(cfg, same_rank=all(t.ndim == o.ndim for t, o in zip(as_tuple(self.y),
@@ -126,14 +123,14 @@ class FastSteps(driver.Engine):
 
     def _backward(self):
         """`backward(x, y, w) -> (loss, outputs)`, the gradients left in each `.grad`: eager, or compiled."""
-        model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
+        model, loss_fn, optimizer = self.model, self.loss_fn, self.update.optimizer
 
         def batch_loss(xb, yb, wb, masks=()):
             return total_loss(model, loss_fn, xb, yb, training=True, regularized=self.regularized, sample_weight=wb,
                               masks=masks)
 
         if not self.compile:
-            return _through_autograd(batch_loss, optimizer)
+            return through_autograd(batch_loss, optimizer)
         # Compiled code is cached per model; start clean so that many trainings in one process never reach torch's
         # recompile limit (where it would fall back to eager without a word). It compiles at the first batch and
         # once more for a short last batch; the optimizer's update once, at the first step.
@@ -146,7 +143,7 @@ class FastSteps(driver.Engine):
         # with Draws, the Dropouts' masks drawn before the compiled step, which takes them as inputs
         compiled_loss = torch.compile(batch_loss)
         step = (lambda xb, yb, wb: compiled_loss(xb, yb, wb, draws(len(xb)))) if draws else compiled_loss
-        return _through_autograd(compiled.fresh_losses(model, step), optimizer)
+        return through_autograd(compiled.fresh_losses(model, step), optimizer)
 
     def batches(self, epoch: int):
         order = self.orders[epoch].to(self.device)
@@ -157,13 +154,7 @@ class FastSteps(driver.Engine):
 
     def step(self, batch):
         loss, outputs = self.backward(*batch)
-        if self.clip:
-            self.clip(self.params)  # Keras clips inside its optimizer; torch between backward and step
-        self.optimizer.step()
-        if self.constrained:
-            constrain(self.constrained)
-        if self.scheduler:
-            self.scheduler.step()  # once a batch: Keras's schedules count optimizer steps
+        self.update()
         if self.metrics:
             self.metrics.update(batch[1], outputs.detach())
         return loss.detach()
@@ -185,10 +176,30 @@ class FastSteps(driver.Engine):
             torch.accelerator.synchronize(self.device)
 
     def write(self, folder) -> None:
-        torch_checkpoint.write(folder, (self.model, self.optimizer, self.scheduler))
+        torch_checkpoint.write(folder, (self.model, self.update.optimizer, self.update.scheduler))
 
     def read(self, folder) -> None:
-        torch_checkpoint.read(folder, (self.model, self.optimizer, self.scheduler))
+        torch_checkpoint.read(folder, (self.model, self.update.optimizer, self.update.scheduler))
+
+
+class Updates:
+    """`update()`, after backward has left the gradients in each `.grad`: the clip, the optimizer's step, the weight
+    constraints, the schedule's step: what Keras's `optimizer.apply` does, with torch's optimizer (`optim.build`)."""
+
+    def __init__(self, model, cfg: TrainConfig, *, compile: bool = False):
+        # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler, self.clip = optim.build(self.params, cfg, compile=compile)
+        self.constrained = constraints_of(model)
+
+    def __call__(self) -> None:
+        if self.clip:
+            self.clip(self.params)  # Keras clips inside its optimizer; torch between backward and step
+        self.optimizer.step()
+        if self.constrained:
+            constrain(self.constrained)
+        if self.scheduler:
+            self.scheduler.step()  # once a batch: Keras's schedules count optimizer steps
 
 
 def constraints_of(model) -> list[tuple[torch.Tensor, object]]:
@@ -204,11 +215,11 @@ def constrain(constrained: list[tuple[torch.Tensor, object]]) -> None:
             p.copy_(constraint(p))
 
 
-def _through_autograd(batch_loss, optimizer):
-    """`backward(x, y, w) -> (loss, outputs)`: the batch's loss through the model, then autograd, the gradients left
-    in each `.grad` for the optimizer."""
-    def backward(xb, yb, wb):
-        loss, outputs = batch_loss(xb, yb, wb)
+def through_autograd(batch_loss, optimizer):
+    """`backward(*batch) -> (loss, outputs)`: the batch's loss through the model (`batch_loss(*batch)`), then
+    autograd, the gradients left in each `.grad` for the optimizer."""
+    def backward(*batch):
+        loss, outputs = batch_loss(*batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss, outputs
