@@ -39,7 +39,7 @@ from keras_side.models import ensure_built
 from keras_side.process import exit_reason, is_stopped, with_parent
 from keras_side.results import save_trained
 from keras_side.spec import SpecError, TrainConfig, data_parallel_config
-from native import preflight
+from native import driver, preflight
 from native.jax import convolution, loop, optim
 
 # Our watchdogs' bounds are limits, named as compare's runner names its own (`QUIET_LIMIT_S`, `STARTUP_LIMIT_S`); an
@@ -65,31 +65,50 @@ def put(array, sharding: NamedSharding) -> jax.Array:
 def train(build, data: HarData, cfg: TrainConfig, *, devices=None, on_step=None) -> list[np.ndarray]:
     """The native loop's step on the model `build()` makes, over a mesh of `devices` (default: every device of every
     process); returns the trained weights, the same on every process. The batch order is the shared NumPy one, so
-    every process cuts the same global batches. `on_step(state)`, if given, runs after each step is dispatched (the
-    launcher's progress)."""
+    every process cuts the same global batches. `on_step(loss)`, if given, runs after each step is dispatched (the
+    launcher's progress). The epochs are the driver's (`native.driver.run`), the step the reference loop's
+    (`loop.make_step`), compiled for the mesh (`MeshSteps`)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     model = ensure_built(build(), data.x_train)
     check_data(cfg, data, model)  # as the one-process loop: JAX would train on such labels without a word
-    devices = list(devices or jax.devices())
-    mesh = Mesh(np.asarray(devices), ("batch",))
-    replicated, by_rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
-    optimizer, loss_fn = optim.build(cfg), training_loss(cfg)
-    step = loop.make_step(model, loss_fn, optimizer)
-    state = jax.tree.map(lambda a: put(a, replicated), loop.init_state(model, optimizer))
+    engine = MeshSteps(model, data, cfg, list(devices or jax.devices()))
     with convolution.as_matmuls():  # the step traced inside: a 1-D convolution as a matmul, as the fast paths do
-        for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
-            for rows in batch_slices(data.n_train, cfg.batch_size):
-                idx = order[rows]
-                sharding = by_rows if len(idx) % len(devices) == 0 else replicated
-                batch = jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(data.x_train, idx)),
-                                                                  keras_inputs(take(data.y_train, idx))))
-                state, _ = step(state, batch)
-                if on_step:
-                    on_step(state)
-    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), state)  # this process's replica
+        driver.run(engine, cfg.replace(validate=False, patience=None), on_step=on_step)  # no validation rows
+    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), engine.state)  # this process's replica
     loop.write_back(model, local)
     return model.get_weights()
+
+
+class MeshSteps(driver.Engine):
+    """Global batches over a one-axis mesh, for `driver.run`: the weights and the optimizer state replicated, each
+    batch's rows split over the devices (replicated when they do not split evenly), the reference loop's step."""
+
+    def __init__(self, model, data: HarData, cfg: TrainConfig, devices: list):
+        self.model, self.data, self.cfg, self.devices = model, data, cfg, devices
+        mesh = Mesh(np.asarray(devices), ("batch",))
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.by_rows = NamedSharding(mesh, PartitionSpec("batch"))
+        optimizer = optim.build(cfg)
+        self.jitted = loop.make_step(model, training_loss(cfg), optimizer)
+        self.state = jax.tree.map(lambda a: put(a, self.replicated), loop.init_state(model, optimizer))
+        self.orders = numpy_orders(cfg.seed, data.n_train, cfg.epochs)
+
+    def batches(self, epoch: int):
+        for rows in batch_slices(self.data.n_train, self.cfg.batch_size):
+            idx = self.orders[epoch][rows]
+            sharding = self.by_rows if len(idx) % len(self.devices) == 0 else self.replicated
+            yield jax.tree.map(lambda a: put(a, sharding), (keras_inputs(take(self.data.x_train, idx)),
+                                                            keras_inputs(take(self.data.y_train, idx))))
+
+    def step(self, batch):
+        self.state, loss = self.jitted(self.state, batch)
+        return loss
+
+    def epoch_loss(self, losses: list, rows: list[int]) -> float:
+        """The mean over the rows; each loss is replicated, so this process's copy (its whole value may live on
+        other processes' devices too, where `float` would refuse it)."""
+        return float(np.average([np.asarray(loss.addressable_data(0)) for loss in losses], weights=rows))
 
 
 def fit_train(build, data: HarData, cfg: TrainConfig, *, devices=None) -> list[np.ndarray]:
@@ -192,12 +211,12 @@ def _progress(path: str):
     before the one just dispatched, so one step is always in flight, as in the one-process loop it is timed against."""
     fd, done, previous = os.open(path, os.O_WRONLY | os.O_CREAT), [0], [None]
 
-    def on_step(state):
+    def on_step(loss):
         if previous[0] is not None:
-            jax.block_until_ready(previous[0])
+            jax.block_until_ready(previous[0])  # the step that computed it has run
             done[0] += 1
             os.pwrite(fd, b"%20d" % done[0], 0)
-        previous[0] = state
+        previous[0] = loss
     return on_step
 
 
