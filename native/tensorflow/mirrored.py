@@ -45,7 +45,7 @@ from contextlib import contextmanager, nullcontext
 
 from keras_side.data import HarData
 from keras_side.spec import TrainConfig
-from native import preflight  # engine-free, as is everything above
+from native import driver, preflight  # engine-free, as is everything above
 
 
 PROG = "python -m native.tensorflow.mirrored"
@@ -198,27 +198,52 @@ def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None =
         optimizer = keras_optimizer(cfg)
         optimizer.build(model.trainable_variables)
 
-    summed = summed_loss(cfg)
-
-    @tf.function
-    def step(x, y, global_size):
-        def replica(xb, yb):
-            with rows_of_global_batch(xb) if draws else nullcontext(), tf.GradientTape() as tape:
-                loss = shard_loss(model, summed, xb, yb, global_size)
-            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            return loss
-
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(x, y)), axis=None)
-
-    for order in numpy_orders(cfg.seed, data.n_train, cfg.epochs):
-        for rows in batch_slices(data.n_train, cfg.batch_size):
-            idx, size = order[rows], rows.stop - rows.start
-            parts = [idx[shard(slice(0, size), r, replicas)] for r in range(replicas)]
-            x, y = (strategy.experimental_distribute_values_from_function(
-                lambda ctx, a=a: tf.nest.map_structure(tf.constant, keras_inputs(take(
-                    a, parts[ctx.replica_id_in_sync_group])))) for a in (data.x_train, data.y_train))
-            step(x, y, tf.constant(size, tf.float32))
+    driver.run(ReplicaSteps(model, data, cfg, strategy, optimizer, draws=draws),
+               cfg.replace(validate=False, patience=None))  # no validation rows
     return model.get_weights()
+
+
+class ReplicaSteps(driver.Engine):
+    """Every replica's rows of each global batch, for `driver.run`: TensorFlow's step (`tf.GradientTape`, Keras's
+    `optimizer.apply`, as the reference loop's) on each replica's part of the global batch's loss (`shard_loss`),
+    the strategy summing the replicas' gradients."""
+
+    def __init__(self, model, data: HarData, cfg: TrainConfig, strategy, optimizer, *, draws: bool):
+        """`draws`: the model has a layer that draws random numbers (each replica then takes its rows of the global
+        batch's draws: `rows_of_global_batch`)."""
+        self.model, self.data, self.cfg, self.strategy = model, data, cfg, strategy
+        self.replicas = strategy.num_replicas_in_sync
+        self.orders = numpy_orders(cfg.seed, data.n_train, cfg.epochs)
+        summed = summed_loss(cfg)
+
+        @tf.function
+        def step(x, y, global_size):
+            def replica(xb, yb):
+                with rows_of_global_batch(xb) if draws else nullcontext(), tf.GradientTape() as tape:
+                    loss = shard_loss(model, summed, xb, yb, global_size)
+                optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+                return loss
+
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(x, y)), axis=None)
+
+        self.distributed = step
+
+    def batches(self, epoch: int):
+        """`(x, y, the global batch's rows)`: x and y distributed, each replica holding its rows."""
+        for rows in batch_slices(self.data.n_train, self.cfg.batch_size):
+            idx, size = self.orders[epoch][rows], rows.stop - rows.start
+            parts = [idx[shard(slice(0, size), r, self.replicas)] for r in range(self.replicas)]
+            x, y = (self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, a=a: tf.nest.map_structure(tf.constant, keras_inputs(take(
+                    a, parts[ctx.replica_id_in_sync_group])))) for a in (self.data.x_train, self.data.y_train))
+            yield x, y, size
+
+    def step(self, batch):
+        x, y, size = batch
+        return self.distributed(x, y, tf.constant(size, tf.float32))  # the global batch's loss: the replicas' sum
+
+    def rows(self, batch) -> int:
+        return batch[2]
 
 
 def summed_loss(cfg: TrainConfig):
