@@ -63,7 +63,7 @@ from native import driver, preflight
 from native.torch.launch import torchrun_command
 from native.torch.bypass import forward
 from native.torch.compiled import Draws, drawable
-from native.torch.fast import Updates, through_autograd
+from native.torch.step import Updates, through_autograd
 from native.torch.loop import tensors
 from native.torch.losses import spec_loss
 
@@ -115,7 +115,7 @@ def train(build, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     """Train the model `build()` makes on this process's shard of every global batch; the process group must be
     initialized. Returns the trained weights (the same on every rank). The batch order is the shared NumPy one, so
     every rank cuts the same global batches. The epochs are the driver's (`native.driver.run`), the step the fast
-    path's (`fast.through_autograd`, `fast.Updates`) on this rank's shard of the loss (`RankSteps`)."""
+    path's (`step.through_autograd`, `step.Updates`) on this rank's shard of the loss (`RankSteps`)."""
     if data.w_train is not None:
         raise SpecError("the data-parallel loop takes no sample weights; train without them")
     model = ensure_built(build(), data.x_train)

@@ -25,16 +25,17 @@ from keras_side.checks import check_data
 from keras_side.data import as_whole_arrays, batch_slices, verb_inputs
 from keras_side.losses import as_fit_shapes, verb_loss
 from keras_side.metrics import EpochMetrics
-from keras_side.models import ensure_built, state_kept, weight_constraints
+from keras_side.models import ensure_built, state_kept
 from keras_side.results import Result, compile_apart
 from keras_side.spec import TrainConfig
 from native import driver
 from native.checkpoint import Checkpoints
 from native.torch import checkpoint as torch_checkpoint
-from native.torch import compiled, optim
+from native.torch import compiled
 from native.torch.bypass import forward
 from native.torch.loop import batch_orders, tensors, warn_unseeded
 from native.torch.losses import mse, spec_loss
+from native.torch.step import Updates, through_autograd
 
 
 def _probe(model, x, device) -> tuple:
@@ -180,51 +181,6 @@ class FastSteps(driver.Engine):
 
     def read(self, folder) -> None:
         torch_checkpoint.read(folder, (self.model, self.update.optimizer, self.update.scheduler))
-
-
-class Updates:
-    """`update()`, after backward has left the gradients in each `.grad`: the clip, the optimizer's step, the weight
-    constraints, the schedule's step: what Keras's `optimizer.apply` does, with torch's optimizer (`optim.build`)."""
-
-    def __init__(self, model, cfg: TrainConfig, *, compile: bool = False):
-        # A layer's seed and BatchNorm's moving statistics are frozen Parameters, which the layers update themselves.
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.scheduler, self.clip = optim.build(self.params, cfg, compile=compile)
-        self.constrained = constraints_of(model)
-
-    def __call__(self) -> None:
-        if self.clip:
-            self.clip(self.params)  # Keras clips inside its optimizer; torch between backward and step
-        self.optimizer.step()
-        if self.constrained:
-            constrain(self.constrained)
-        if self.scheduler:
-            self.scheduler.step()  # once a batch: Keras's schedules count optimizer steps
-
-
-def constraints_of(model) -> list[tuple[torch.Tensor, object]]:
-    """`(parameter, constraint)` for each trainable variable with a constraint (`weight_constraints`)."""
-    return [(v.value, c) for v, c in zip(model.trainable_variables, weight_constraints(model)) if c is not None]
-
-
-def constrain(constrained: list[tuple[torch.Tensor, object]]) -> None:
-    """Each constraint on its parameter, in place, after the optimizer's step: Keras's optimizer assigns
-    `constraint(variable)` to the variable (`BaseOptimizer.apply`), the same ops on the same values."""
-    with torch.no_grad():
-        for p, constraint in constrained:
-            p.copy_(constraint(p))
-
-
-def through_autograd(batch_loss, optimizer):
-    """`backward(*batch) -> (loss, outputs)`: the batch's loss through the model (`batch_loss(*batch)`), then
-    autograd, the gradients left in each `.grad` for the optimizer."""
-    def backward(*batch):
-        loss, outputs = batch_loss(*batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss, outputs
-
-    return backward
 
 
 @torch.no_grad()

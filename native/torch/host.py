@@ -198,8 +198,8 @@ class HostModel(KerasModule):
 
 def train_host(host: HostModel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> list[float]:
     """Full-batch Adam on every parameter of the host, Keras's and torch's alike, the Keras weights' constraints
-    applied after each step as Keras's optimizer applies them (`fast.constrain`); returns the loss per step."""
-    from native.torch.fast import constrain, constraints_of
+    applied after each step as Keras's optimizer applies them (`step.constrain`); returns the loss per step."""
+    from native.torch.step import constrain, constraints_of
 
     optimizer, constrained = torch.optim.Adam(host.parameters(), lr=lr), constraints_of(host.har)
     losses = []
