@@ -12,16 +12,14 @@ global batch's mean gradient, uneven last batch included. The penalties in `mode
 replica's rows / the global batch: an activity regularizer (in Keras a mean over the rows its layer sees) becomes
 the global batch's mean, and a weight penalty, the same on every replica, counts once in the sum (exact for those two
 kinds; a loss of your own that is neither, `add_loss` of a sum over the rows or a max, is not). The guide's
-`tf.nn.scale_regularization_loss` (/ replicas) weighs the activity means of an uneven last batch equally: measured
-on `mlp_l2` after 2 epochs in batches of 100 (63 rows, 32/31), 7.8e-6 from one process, against 4.5e-8 with the
-rows. Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
+`tf.nn.scale_regularization_loss` (/ replicas) weighs the activity means of an uneven last batch equally, which
+ends measurably further from one process than weighing them by the rows (docs/dev-notes.md, "Measurements once quoted in the code"). Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
 
 A BatchNormalization normalizes by its own replica's rows unless built with `synchronized=True`, Keras's switch
-(TensorFlow only) for moments from sums all-reduced over the replicas (measured: 2.3e-2 from one process after 2
-epochs without it). `synchronize_batchnorm` turns it on in a built model; `train` and `fit_train` apply it.
+(TensorFlow only) for moments from sums all-reduced over the replicas (without it, far from one process). `synchronize_batchnorm` turns it on in a built model; `train` and `fit_train` apply it.
 
 A Dropout, left to the strategy, draws on every replica the mask of its own shard's shape from the same seed state: one
-pattern repeated, not the global batch's (measured on `dropout_mlp`: 3.0e-2 from one process after 2 epochs). Keras
+pattern repeated, not the global batch's, which ends far from one process. Keras
 draws it statelessly (`tf.nn.experimental.stateless_dropout`, the seed from the layer's `SeedGenerator`), so the global
 batch's mask depends only on the seed and the global shape: under `rows_of_global_batch`, opened at the top of each
 replica's step, each replica pads its rows to the global batch (its offset from an all-gather of every replica's rows),
@@ -274,8 +272,8 @@ def shard_loss(model, loss_fn, xb, yb, global_rows):
 
 def fit_train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None) -> list[np.ndarray]:
     """`fit` itself under the strategy: the model built and compiled in its scope, Keras distributing each batch.
-    Measured: equal to one process (3e-8) when every batch splits evenly over the replicas; with an uneven last
-    batch (63 rows over 2) 2.3e-5 apart after 2 epochs, because Keras averages the replicas' own mean losses with
+    Equal to one process up to float32 rounding when every batch splits evenly over the replicas; with an uneven
+    last batch, measurably further apart (docs/dev-notes.md, "Measurements once quoted in the code"), because Keras averages the replicas' own mean losses with
     equal weights, where the global batch's mean weighs each replica by its rows (`train` above does). With one
     device, plain `fit`."""
     from keras_side import fit

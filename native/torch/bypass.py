@@ -208,8 +208,8 @@ def _lstm(layer, x, training: bool):
     as torch's input bias, its recurrent bias zero. With oneDNN off for the call, torch's CPU LSTM is ATen's cell,
     op for op what Keras's loop does (the same matmuls, the gates in the same order), so the outputs and gradients
     are Keras's to the bit (tested), in C++ rather than Keras's Python, and faster (docs/dev-notes.md, "The LSTM in
-    the eager torch loop"); oneDNN's fused LSTM is faster still but rounds differently (4e-8 on the first forward), so
-    it is left off."""
+    the eager torch loop"); oneDNN's fused LSTM is faster still but rounds differently (from the first forward on),
+    so it is left off."""
     cell = layer.cell
     outputs, last = lstm_op(x, cell.kernel.value, cell.recurrent_kernel.value,
                             cell.bias.value if cell.use_bias else None, training)

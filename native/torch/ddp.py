@@ -15,12 +15,12 @@ The penalties in `model.losses` are weighted the same way. An activity regulariz
 rows its layer sees: each rank's shard, weighted by its share, becomes the global batch's mean. A weight penalty
 (kernel, bias) is the same on every rank, and the shares add up to `world`, so the average counts it once. That is
 exact for those two kinds; a loss of your own that is neither (`add_loss` of a sum over the rows, a max) is not.
-Measured on `mlp_l2` after 2 epochs in batches of 100 (the last one split 32/31): 8.9e-8 from one process, where
-adding the penalties unweighted, each rank's activity mean as if its shard were half the batch, ends 5.8e-6 away.
+Adding the penalties unweighted, each rank's activity mean as if its shard were half the batch, ends measurably
+further from one process (docs/dev-notes.md, "Measurements once quoted in the code").
 
 BatchNorm: Keras on torch holds a BatchNormalization's moving statistics as Parameters without gradients, which DDP
 neither averages nor broadcasts, so left alone each rank would normalize by its own shard's moments and move its own
-averages (measured: 3e-2 from one process after 2 epochs). `synchronize_batchnorm` does for Keras's layer what
+averages, far from one process. `synchronize_batchnorm` does for Keras's layer what
 `torch.nn.SyncBatchNorm` does for torch's: the batch moments from sums all-reduced over the ranks, with autograd
 through the all-reduce (`AllReduceSum`), so every rank normalizes by the global batch's moments and moves the same
 averages, and the gradients are the global batch's. `train` applies it.

@@ -91,7 +91,7 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
         positions = order.to(torch.float32).unflatten(0, (n_batches, size))  # (batches, batch)
         # one gather per group and epoch, batches then views; x feature-major, so a batch's rows of one feature
         # are contiguous and the kernel's gradient (a sum over the batch per model and feature) runs on whole
-        # vectors: row-major, inductor vectorized it over the 3 features instead (1.6x the compiled step's time)
+        # vectors: row-major, inductor vectorized it over the 3 features instead, a markedly slower compiled step
         xe = x_by_feature[:, :, order].transpose(1, 2).unflatten(1, (n_batches, size))  # (groups, batches, batch, F)
         ye = y[:, order].unflatten(1, (n_batches, size))
         # compiled: after the first epoch's graphs (fullgraph), only the guards that tell graphs apart
@@ -130,8 +130,8 @@ def _compiled_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
     exp_avgs, exp_avg_sqs = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     # Adam's step counts, in float64: traced, the update reads the count as a tensor and computes its bias
     # corrections in the count's dtype, where the fused kernel and `step` compute them in double. In float32 the
-    # first steps' corrections are off by about 1e-5 relative (the 582 walk-forward models after 3 epochs: 5e-6 from
-    # the eager weights; 2.4e-7 with float64 counts)
+    # first steps' corrections are off in their fifth digit, and the weights end measurably further from the eager
+    # ones (docs/dev-notes.md, "Measurements once quoted in the code")
     state_steps = [torch.zeros((), dtype=torch.float64) for _ in params]
     gradient = torch.func.grad(batch_loss)
 

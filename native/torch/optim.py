@@ -45,9 +45,9 @@ class _Keras(torch.optim.Optimizer):
     """What every Keras-exact optimizer shares: its slots, the float32 rate and step, and the update loop.
 
     Keras computes its scalars (the rate, the step count, Adam's bias corrections) as float32 tensors, and so does
-    this, though NumPy's float32 would be far cheaper: torch's CPU `sqrt` is not correctly rounded in float32
-    (714 of the first 3,000 steps' `sqrt(1 − β2^t)` measured one ulp off IEEE's, where NumPy's is exact), and the
-    last bit of the rate is the last bit of every weight."""
+    this, though NumPy's float32 would be far cheaper: torch's CPU `sqrt` is not correctly rounded in float32 (many
+    steps' `sqrt(1 − β2^t)` come out one ulp off IEEE's, where NumPy's is exact: docs/dev-notes.md, "Measurements
+    once quoted in the code"), and the last bit of the rate is the last bit of every weight."""
 
     slots: tuple[str, ...] = ()
     compilable = True  # the update reads its rate and step as tensors only
