@@ -106,7 +106,7 @@ def ols_fit(panel):
 LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_verdict.py", "compare/test_distributed.py", "compare/test_training_parity.py",
                  "compare/test_zoo.py", "compare/test_parity.py", "compare/test_bench.py",
                  "compare/test_walk_forward.py", "compare/test_seeds.py",
-                 "native/test_loops.py", "native/tensorflow/test_mirrored.py", "native/torch/test_compile.py",
+                 "native/test_loops.py", "native/test_inputs.py", "native/tensorflow/test_mirrored.py", "native/torch/test_compile.py",
                  "native/test_checkpoint.py", "native/jax/test_many.py", "native/torch/test_ddp.py",
                  "native/jax/test_sharded.py", "native/jax/test_convolution.py", "native/test_optim.py",
                  "native/jax/test_loop.py", "keras_side/test_determinism.py", "keras_side/test_models.py"]

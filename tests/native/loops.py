@@ -98,3 +98,11 @@ class Unread:
 
     def __iter__(self):
         raise AssertionError("the loader was read")
+
+
+SPLITS = ("train", "val", "test")
+
+
+def three_classes(har, y):
+    """Class labels 0, 1, 2 of targets `y`: the HAR's training terciles."""
+    return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)

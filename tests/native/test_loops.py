@@ -4,14 +4,12 @@ import pytest
 
 from compare.engines import paths
 from compare.referee import checks
-from compare.data import reference
-from compare.referee.tolerances import GRAD_RTOL_F32, GRAD_RTOL_F64, HISTORY_ATOL, ZOO_ATOL
+from compare.referee.tolerances import HISTORY_ATOL, ZOO_ATOL
 from keras_side import models
 from keras_side.determinism import seed_everything
-from keras_side.precision import FLOAT64_UPSTREAM_CAUSE, TRUE_FLOAT64, float64
 from keras_side.spec import TrainConfig
 from tests.native.conftest import ENGINE
-from tests.native.loops import engines_loader, flat, fresh_users_model, loop, users_arrays, users_model, val_mse
+from tests.native.loops import SPLITS, flat, loop, three_classes, val_mse
 from tests.tiers import FULL
 
 QUICK = TrainConfig(epochs=3)
@@ -41,35 +39,6 @@ def test_result_and_model_agree(trained, har, converged):
     assert len(result.train_loss) == len(result.val_loss) == converged.epochs
     assert result.val_loss[-1] < result.val_loss[0]
     assert result.val_loss[-1] == pytest.approx(val_mse(model, har), rel=1e-4)  # measured on the validation year
-
-
-def fixed(har):
-    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
-    want = reference.mse_gradient(x, y, *weights)
-    return x, y, weights, want
-
-
-def test_gradient_equals_formula_and_is_not_zero(har):
-    x, y, weights, want = fixed(har)
-    model = models.har()
-    model.set_weights(weights)
-    got = loop.grad_at(model, x, y)
-    assert [g.shape for g in got] == [w.shape for w in weights]
-    assert np.all(flat(got) != 0)
-    assert reference.relative_error(flat(got), flat(want)) <= GRAD_RTOL_F32
-
-
-@pytest.mark.xfail(ENGINE not in TRUE_FLOAT64, reason=FLOAT64_UPSTREAM_CAUSE, strict=True)
-def test_float64_gradient_equals_formula(har):
-    x, y, weights, want = fixed(har)
-    with float64():
-        model = models.har()
-        model.set_weights([w.astype(np.float64) for w in weights])
-        got = loop.grad_at(model, x.astype(np.float64), y.astype(np.float64))
-    assert all(g.dtype == np.float64 for g in got)
-    error = reference.relative_error(flat(got), flat(want))
-    print(f"{ENGINE}: float64 gradient relative error {error:.1e}")
-    assert error <= GRAD_RTOL_F64
 
 
 def run(har, cfg=QUICK, name="har", data=None, **kwargs):
@@ -285,96 +254,6 @@ def test_a_model_whose_call_takes_no_training_flag_trains_as_fit_trains_it(har):
     assert all(np.any(g != 0) for g in loop.grad_at(model, har.x_train[:64], har.y_train[:64]))
 
 
-def test_grad_at_in_training_mode_leaves_the_models_state_as_it_was(har):
-    """`training=True` moved BatchNorm's moving statistics and the Dropout's seed state on torch and TensorFlow (not
-    on JAX, whose stateless_call returns them apart): two calls gave two gradients, and a later predict another
-    model. Now every engine computes at the current state and leaves it there."""
-    import keras
-
-    seed_everything(0)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
-                              keras.layers.Dropout(0.3, seed=3), keras.layers.Dense(1)])
-    state = [v.numpy().copy() for v in model.non_trainable_variables]
-    x, y = har.x_train[:64], har.y_train[:64]
-    first, again = (loop.grad_at(model, x, y, training=True) for _ in range(2))
-    assert all(np.array_equal(a, b) for a, b in zip(state, [v.numpy() for v in model.non_trainable_variables]))
-    assert all(np.array_equal(a, b) for a, b in zip(first, again)) and any(np.any(g != 0) for g in first)
-
-
-def test_a_weight_the_loss_does_not_reach_has_a_zero_gradient(har):
-    """A layer built but not called: its gradient is zero, as `jax.grad` gives it. torch's autograd raised "One of the
-    differentiated Tensors appears to not have been used in the graph" and TensorFlow's tape "Attempt to convert a
-    value (None)"."""
-    import keras
-
-    class Idle(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.used, self.idle = keras.layers.Dense(1), keras.layers.Dense(2)
-
-        def build(self, shape):
-            self.used.build(shape)
-            self.idle.build(shape)
-
-        def call(self, x):
-            return self.used(x)
-
-    seed_everything(0)
-    model = models.ensure_built(Idle(), har.x_train)
-    x, y = har.x_train[:64], har.y_train[:64]
-    grads = dict(zip(map(id, model.trainable_weights), loop.grad_at(model, x, y), strict=True))
-    for w in model.idle.trainable_weights:
-        assert grads[id(w)].shape == tuple(w.shape) and not grads[id(w)].any()
-    want = reference.mse_gradient(x, y, model.used.kernel.numpy(), model.used.bias.numpy())
-    for w, g in zip((model.used.kernel, model.used.bias), want, strict=True):
-        np.testing.assert_allclose(grads[id(w)], g, rtol=GRAD_RTOL_F32, atol=1e-6)
-
-
-SPLITS = ("train", "val", "test")
-
-
-def three_classes(har, y):
-    """Class labels 0, 1, 2 of targets `y`: the HAR's training terciles."""
-    return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)
-
-
-def test_class_labels_a_sparse_categorical_loss_cannot_take_are_one_error(har):
-    """Keras checks none: on torch `fit` raised deep in its loss ("Target 3 is out of bounds") and on JAX it trained
-    on without a word (its one-hot of such a label is zeros). Every path now refuses them before training; labels
-    from 0 train."""
-    import dataclasses
-    import re
-
-    import keras
-
-    from keras_side import fit
-    from keras_side.spec import SpecError
-
-    data = dataclasses.replace(har, **{f"y_{s}": three_classes(har, getattr(har, f"y_{s}")) for s in SPLITS})
-    cfg = TrainConfig(epochs=1, loss="sparse_categorical_crossentropy", from_logits=True)
-
-    def build():
-        seed_everything(0)
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
-
-    for label, split, says in ((3, "train", "the train targets hold the label 3, which sparse_categorical_crossentropy "
-                                            "cannot take: its labels are 0 to 2 (the model's 3 outputs)"),
-                               (-1, "val", "the val targets hold the label -1"), (0.5, "test", "hold the label 0.5")):
-        y = getattr(data, f"y_{split}").copy()
-        y[7] = label
-        for train in (fit.train, loop.train, paths.get(f"keras-{ENGINE}-train-step").train):
-            with pytest.raises(SpecError, match=re.escape(says)):
-                train(build(), dataclasses.replace(data, **{f"y_{split}": y}), cfg)
-    # the width is known too of a model built by its first batch (fit), or of one with no symbolic outputs (the
-    # train-step path wraps the model in a subclassed one): such labels trained on JAX without a word
-    y = data.y_train.copy()
-    y[7] = 3
-    unbuilt = keras.Sequential([keras.layers.Dense(3)])
-    with pytest.raises(SpecError, match=re.escape("its labels are 0 to 2 (the model's 3 outputs)")):
-        fit.train(unbuilt, dataclasses.replace(data, y_train=y), cfg)
-    assert np.isfinite(loop.train(build(), data, cfg).train_loss).all()
-
-
 def test_heads_of_different_widths_train_and_predict_as_fit_does(har, tmp_path):
     """A forecast and a class's logits: every path trained to the end, then failed on NumPy's "inhomogeneous shape"
     stacking the test predictions. Several outputs are now a tuple of arrays, one each, as targets are."""
@@ -407,24 +286,6 @@ def test_heads_of_different_widths_train_and_predict_as_fit_does(har, tmp_path):
     again = Result.load(tmp_path, got.path)  # what a worker sends the referee
     assert all(np.array_equal(a, b) for a, b in zip(again.test_pred, got.test_pred, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(again.weights, got.weights, strict=True))
-
-
-def test_grad_at_of_two_outputs_is_the_sum_of_each_outputs_loss(har):
-    """With the default MSE a list of predictions was a TypeError on every engine ("unsupported operand type(s) for -:
-    'list' and 'tuple'"); one loss for several outputs is each output's mean loss, summed, as `compile` takes it.
-    Two heads on one input: each head's gradient is its own output's MSE gradient (the formula)."""
-    import keras
-
-    seed_everything(0)
-    inputs = keras.Input((3,))
-    model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(inputs), keras.layers.Dense(1, name="b")(inputs)])
-    x, y1, y2 = har.x_train[:64], har.y_train[:64], har.y_train[64:128]
-    grads = loop.grad_at(model, x, [y1, y2])
-    weights = {w.path: w.numpy() for w in model.trainable_weights}
-    for head, y, found in (("a", y1, grads[:2]), ("b", y2, grads[2:])):
-        want = reference.mse_gradient(x, y, weights[f"{head}/kernel"], weights[f"{head}/bias"])
-        for g, w in zip(found, want, strict=True):
-            np.testing.assert_allclose(g, w, rtol=GRAD_RTOL_F32, atol=1e-6)
 
 
 def test_a_two_output_model_trains_as_fit_trains_it(panel):
@@ -463,86 +324,6 @@ def test_a_two_output_model_trains_as_fit_trains_it(panel):
         loop.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
     with pytest.raises(SpecError, match="the model has 2 outputs but the data has 1 target"):  # fit's check is ours
         fit.train(models.two_horizons(), one_target, TrainConfig(epochs=1))
-
-
-@pytest.mark.parametrize("build", [models.har, models.mlp_functional])
-def test_inputs_of_another_shape_get_kerass_own_error(build):
-    """torch's loop runs each layer's `call`, which skips Keras's check of the input's shape: it said "mat1 and mat2
-    shapes cannot be multiplied"."""
-    model = build()
-    x = np.ones((2, 5), np.float32)  # the HAR takes 3 features
-    with pytest.raises(ValueError, match="is incompatible with the layer: expected (axis -1 of input shape|shape)"):
-        loop.predict(model, x)
-    with pytest.raises(ValueError, match="is incompatible with the layer: expected (axis -1 of input shape|shape)"):
-        loop.grad_at(model, x, np.ones((2, 1), np.float32))
-
-
-def test_several_inputs_are_a_list_or_a_tuple_of_arrays_and_a_list_of_numbers_is_refused():
-    """A list of arrays is how Keras takes several inputs: torch's verbs read it as one tensor and refused it. A list
-    of numbers is refused on every engine, as `model.predict` refuses it: torch's verbs took it as one array, JAX's
-    and TensorFlow's failed deep inside, each with its own message."""
-    import keras
-
-    a, b = keras.Input((3,)), keras.Input((2,))
-    model = keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
-    rng = np.random.default_rng(0)
-    x1, x2, y = (rng.normal(size=(4, n)).astype(np.float32) for n in (3, 2, 1))
-    np.testing.assert_array_equal(loop.predict(model, [x1, x2]), loop.predict(model, (x1, x2)))
-    for got, want in zip(loop.grad_at(model, [x1, x2], y), loop.grad_at(model, (x1, x2), y), strict=True):
-        np.testing.assert_array_equal(got, want)
-    with pytest.raises(ValueError, match=r"^x is a Python list of lists, not of arrays; pass np.asarray\(x\)"):
-        loop.predict(models.har(), x1.tolist())
-    with pytest.raises(ValueError, match=r"^y is a Python list of floats, not of arrays; pass np.asarray\(y\)"):
-        loop.grad_at(models.har(), x1, y[:, 0].tolist())
-
-
-def test_grad_at_shapes_targets_as_fit_does(har):
-    """A (n,) target against a (n, 1) prediction is the same target, as in `fit` (it broadcast to (n, n): a wrong
-    gradient, without a word); a target with other rows is one error."""
-    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
-    model = models.har()
-    model.set_weights(weights)
-    column = loop.grad_at(model, x, y)
-    for got, want in zip(loop.grad_at(model, x, y[:, 0]), column, strict=True):
-        np.testing.assert_array_equal(got, want)
-    with pytest.raises(ValueError, match="y has 1 rows and x 256; give one target per example"):
-        loop.grad_at(model, x, y[:1])
-
-
-def test_grad_at_is_the_gradient_of_what_fit_minimizes(har):
-    """`grad_at` includes the model's own losses: an L2(0.05) kernel penalty adds 2·0.05·kernel to the kernel's
-    gradient, at the same weights."""
-    import keras
-
-    def dense(regularizer=None):
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_regularizer=regularizer)])
-
-    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
-    plain, penalized = dense(), dense(keras.regularizers.L2(0.05))
-    plain.set_weights(weights)
-    penalized.set_weights(weights)
-    want, got = loop.grad_at(plain, x, y), loop.grad_at(penalized, x, y)
-    np.testing.assert_allclose(got[0] - want[0], 0.1 * weights[0], rtol=1e-5, atol=1e-7)
-    np.testing.assert_array_equal(got[1], want[1])
-
-
-def test_grad_at_takes_a_loss_by_the_specs_name(har):
-    """`grad_at(..., loss="mae")` is the gradient of the spec's MAE, as of a callable written for it (a name was
-    "'str' object is not callable"); a name the spec does not know is its one-line SpecError."""
-    import keras
-
-    from keras_side.spec import SpecError
-
-    x, y, weights = reference.fixed_batch(har.x_train, har.y_train, seed=0)
-    model = models.har()
-    model.set_weights(weights)
-    named = loop.grad_at(model, x, y, loss="mae")
-    by_hand = loop.grad_at(model, x, y, loss=lambda t, p: keras.ops.abs(p - t))
-    for a, b in zip(named, by_hand, strict=True):
-        np.testing.assert_allclose(a, b, rtol=GRAD_RTOL_F32, atol=0)
-    assert not np.allclose(flat(named), flat(loop.grad_at(model, x, y)))  # not MSE's
-    with pytest.raises(SpecError, match="unknown loss 'maee'"):
-        loop.grad_at(model, x, y, loss="maee")
 
 
 def test_weight_constraints_bind_after_every_step_as_fit_applies_them(har):
@@ -632,108 +413,3 @@ def test_a_stateful_rnn_is_refused_in_one_line_by_the_loop_and_fit():
                                   keras.layers.Dense(1)])
         with pytest.raises(SpecError, match=r"layer 'lstm\w*' is stateful \(stateful=True\).*stateful=False"):
             train(model, data, TrainConfig(epochs=1, batch_size=16))
-
-
-def test_data_that_the_models_inputs_do_not_take_is_one_spec_error(har, panel):
-    """Keras said it from inside the first call: on torch in 9 lines about the loop's one-row probe, `(1, 4)`."""
-    import dataclasses
-
-    from compare.data import panel as har_data
-    from keras_side import fit
-    from keras_side.spec import SpecError
-
-    wide = dataclasses.replace(har, **{f"x_{s}": np.ones((len(getattr(har, f"x_{s}")), 4), np.float32)
-                                       for s in ("train", "val", "test")})
-    for train in (loop.train, fit.train):
-        with pytest.raises(SpecError, match=r"^x has rows of shape \(4,\) but the model's input 'input_layer\w*' "
-                                            r"takes \(3,\); give data of the model's input shape"):
-            train(models.har(), wide, TrainConfig(epochs=1))
-    two = har_data.prepare_kind(panel, "panel")
-    one = dataclasses.replace(two, x_train=two.x_train[0], x_val=two.x_val[0], x_test=two.x_test[0])
-    with pytest.raises(SpecError, match=r"^the model has 2 input\(s\) but x holds 1 array\(s\)"):
-        loop.train(models.panel(), one, TrainConfig(epochs=1))
-    import keras  # what Keras runs, a sequence of another length than declared (it warns), trains as it did
-
-    days = np.zeros((40, 12, 2), np.float32)
-    longer = dataclasses.replace(har, x_train=days, y_train=days[:, 0, :1], x_val=days[:8], y_val=days[:8, 0, :1],
-                                 x_test=days[:8], y_test=days[:8, 0, :1])
-    rnn = keras.Sequential([keras.Input((10, 2)), keras.layers.SimpleRNN(2), keras.layers.Dense(1)])
-    assert len(loop.train(rnn, longer, TrainConfig(epochs=1, batch_size=20)).train_loss) == 1
-
-
-def test_a_users_arrays_train_as_fit_trains_them():
-    """The loop takes what `fit` takes: inputs as a dict by name (float64, cast as fit casts them), targets, sample
-    weights and validation_data. One batch of every row (so that no batch order is in play) for three epochs: the
-    loop ends at `fit`'s weights and reports its validation losses, in the data's own units."""
-    x, y, w, val = users_arrays()
-    cfg = TrainConfig(epochs=3, batch_size=96, learning_rate=0.05)
-
-    want = fresh_users_model(compiled=cfg)
-    history = want.fit(x, y, sample_weight=w, validation_data=val, batch_size=96, epochs=3, shuffle=False, verbose=0)
-    got = loop.train(model := fresh_users_model(), (x, y, w), cfg, validation_data=val)
-    np.testing.assert_allclose(flat(model.get_weights()), flat(want.get_weights()), atol=ZOO_ATOL, rtol=0)
-    np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
-    assert got.units == "as given" and got.test_pred.shape == (32, 1)
-    alone = loop.train(fresh_users_model(), (x, y), cfg.replace(epochs=1))  # no validation_data: none, as in fit
-    assert alone.val_loss == [] and len(alone.train_loss) == 1
-    ordered = tuple(x[name].astype(np.float32) for name in ("returns", "volumes"))  # the verbs take the dict too
-    np.testing.assert_array_equal(loop.predict(model, x), loop.predict(model, ordered))
-    for by_name, by_order in zip(loop.grad_at(model, x, y), loop.grad_at(model, ordered, y), strict=True):
-        np.testing.assert_array_equal(by_name, by_order)
-
-
-def test_a_users_loader_trains_as_fit_trains_its_batches():
-    """The loop takes the engine's loader as `fit` does (torch's `DataLoader`, a `tf.data.Dataset`, an iterable of
-    NumPy batches for JAX): its batches as they come, a short last one, a dict of inputs by name, sample weights, and a
-    loader of validation batches. It ends bit-identical to `fit` over the same batches (its arrays unshuffled) and
-    reports its validation losses."""
-    rng = np.random.default_rng(1)
-    x = {"returns": rng.normal(size=(100, 3)), "volumes": rng.normal(size=(100, 2))}
-    y, w = rng.normal(size=(100, 1)), rng.uniform(0.5, 2.0, 100)
-    x_val, y_val = {k: v[:36] for k, v in x.items()}, y[:36]
-    cfg = TrainConfig(epochs=3, batch_size=40, learning_rate=0.05)  # 40, 40 and a short 20: the loader's own sizes
-
-    want = fresh_users_model(compiled=cfg)
-    history = want.fit(x, y, sample_weight=w, validation_data=(x_val, y_val), batch_size=40, validation_batch_size=16,
-                       epochs=3, shuffle=False, verbose=0)
-    got = loop.train(model := fresh_users_model(), engines_loader(x, y, w, 40), cfg.replace(batch_size=7),  # not the spec's
-                     validation_data=engines_loader(x_val, y_val, None, 16))
-    for mine, fits in zip(model.get_weights(), want.get_weights(), strict=True):
-        np.testing.assert_array_equal(mine, fits)
-    np.testing.assert_allclose(got.val_loss, history.history["val_loss"], atol=HISTORY_ATOL, rtol=0)
-    np.testing.assert_allclose(got.train_loss, history.history["loss"], atol=HISTORY_ATOL, rtol=0)
-    assert got.units == "as given" and got.test_pred.size == 0  # no test rows: predict on rows of yours
-    assert loop.train(fresh_users_model(), engines_loader(x, y, None, 40), cfg).val_loss == []  # no validation_data: none
-
-
-def test_a_users_bad_loader_is_one_line_naming_it():
-    from keras_side.spec import SpecError
-
-    x, y = {"returns": np.zeros((8, 3)), "volumes": np.zeros((8, 2))}, np.zeros((8, 1))
-    loader = engines_loader(x, y, None, 4)
-    cases = [(iter([(x, y)]), {}, "data is an iterator, which its first pass uses up; give an iterable"),
-             (engines_loader(x["returns"], y, None, 4), {}, "the model has 2 input"),
-             (loader, {"validation_data": (x, y)}, "validation_data is a tuple of 2 but data is a loader"),
-             ((x, y), {"validation_data": loader}, "validation_data is a loader of batches but data is arrays"),
-             (loader, {"checkpoint": "unused"}, "checkpoints resume the spec's batch orders, not a loader's"),
-             (loader, {"cfg": TrainConfig(epochs=2, patience=1)}, "early stopping \\(patience\\) watches")]
-    for data, extra, message in cases:
-        cfg = extra.pop("cfg", TrainConfig(epochs=2))
-        with pytest.raises(SpecError, match=message):
-            loop.train(users_model(), data, cfg, **extra)
-
-
-def test_a_users_bad_arrays_are_one_line_naming_them():
-    from keras_side.spec import SpecError
-
-    x, y = {"returns": np.zeros((8, 3)), "volumes": np.zeros((8, 2))}, np.zeros((8, 1))
-    cases = [((x["returns"], y), {}, "the model has 2 input"),
-             (({"returns": x["returns"]}, y), {}, "x is a dict of \\['returns'\\] but the model's inputs are named"),
-             ("x.npy", {}, "data is a str; give \\(x, y\\) or \\(x, y, sample_weight\\) arrays"),
-             ((x, y[:5]), {}, "the data's train split has arrays of different lengths"),
-             ((x, y), {"validation_data": x}, "validation_data is a dict; give \\(x_val, y_val\\)")]
-    for data, extra, message in cases:
-        with pytest.raises(SpecError, match=message):
-            loop.train(users_model(), data, TrainConfig(epochs=1), **extra)
-    with pytest.raises(SpecError, match="early stopping \\(patience\\) watches the validation loss"):
-        loop.train(users_model(), (x, y), TrainConfig(epochs=1, patience=2))
