@@ -103,10 +103,10 @@ def ols_fit(panel):
 # order. Seconds each took on 2 cores (`--durations`, summed per file; an AMD EPYC, 2026-12), engine-free: 124, 100,
 # 67, 55, 46, 43, 36, 24; then the engine files in the order of their longest tier (JAX, TensorFlow, torch): 110, 96,
 # 81, 79, 75, 73, 69, 38, 32, 25, 19, 19, 18. A stale list costs only time.
-LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_verdict.py", "compare/test_distributed.py", "compare/test_training_parity.py",
-                 "compare/test_zoo.py", "compare/test_parity.py", "compare/test_bench.py",
-                 "compare/test_walk_forward.py", "compare/test_seeds.py",
-                 "native/test_loops.py", "native/test_inputs.py", "native/tensorflow/test_mirrored.py", "native/torch/test_compile.py",
+LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_verdict.py", "compare/test_distributed.py",
+                 "compare/test_training_parity.py", "compare/test_zoo.py", "compare/test_parity.py",
+                 "compare/test_bench.py", "compare/test_walk_forward.py", "compare/test_seeds.py",
+                 "native/test_loops.py", "native/tensorflow/test_mirrored.py", "native/torch/test_compile.py",
                  "native/test_checkpoint.py", "native/jax/test_many.py", "native/torch/test_ddp.py",
                  "native/jax/test_sharded.py", "native/jax/test_convolution.py", "native/test_optim.py",
                  "native/jax/test_loop.py", "keras_side/test_determinism.py", "keras_side/test_models.py"]
