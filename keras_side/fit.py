@@ -72,7 +72,9 @@ class NumpyOrder(keras.utils.PyDataset):
 
 
 class _StepReport(keras.callbacks.Callback):
-    """Calls `on_step()` after every optimizer step, the model's variables holding that step's weights."""
+    """Calls `on_step(None)` after every optimizer step, the model's variables holding that step's weights: the loops'
+    `on_step(loss)`, without the batch's loss, which a callback does not see (its logs hold the epoch's running
+    mean)."""
 
     def __init__(self, on_step):
         super().__init__()
@@ -81,12 +83,12 @@ class _StepReport(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if keras.config.backend() == "jax":
             self.model.jax_state_sync()  # JAX's fit keeps the state apart from the variables until an epoch ends
-        self.on_step()
+        self.on_step(None)
 
 
 def train(model: keras.Model, data: HarData, cfg: TrainConfig, *, progress=None, on_step=None) -> Result:
     """`compile` with the spec's optimizer, loss (per output, with `loss_weights`) and metrics, then `model.fit`;
-    validation on `data`'s validation split after every epoch when `cfg.validate`. `on_step()`, when given, is
+    validation on `data`'s validation split after every epoch when `cfg.validate`. `on_step(None)`, when given, is
     called after every optimizer step, the model's variables holding that step's weights (a callback).
 
     With `cfg.batch_order="numpy"`, `fit` takes the training rows as a `keras.utils.PyDataset` that serves each

@@ -43,3 +43,30 @@ def test_every_native_path_takes_the_reference_loops_arguments(module):
         own = OPTIONS.get(module, {}).get(verb, [])
         assert [p for p in parameters(vars(found)[verb]) if p not in own] == VERBS[verb], (module, verb)
         assert set(own) <= set(parameters(vars(found)[verb])), (module, verb)
+
+
+# fit, fit with our step, the reference loop, and the fast path where the engine has one (the compiled one runs the
+# same driver, and the fused scan refuses an `on_step`)
+ON_STEP = [f"keras-{ENGINE}", f"keras-{ENGINE}-train-step", f"{ENGINE}-native"] + [
+    name for name in [f"{ENGINE}-native-fast"] if name in paths.PATHS]
+
+
+@pytest.mark.parametrize("name", ON_STEP)
+def test_every_path_calls_on_step_with_the_steps_loss_or_none(har, name):
+    """`on_step` has one signature on every path, `on_step(loss)`, once per optimizer step: the batch's loss from
+    the loops and the paths on the driver; None from `fit`'s paths, whose callback sees the epoch's running mean,
+    not the batch's loss. (The fused scan refuses an `on_step`: nothing runs between its steps.)"""
+    import numpy as np
+
+    from keras_side import models
+    from keras_side.determinism import seed_everything
+    from keras_side.spec import TrainConfig
+
+    cfg, seen = TrainConfig(epochs=1, batch_size=512, validate=False), []
+    seed_everything(0)
+    paths.get(name).train(models.har(), har, cfg, on_step=lambda *args: seen.append(args))
+    assert len(seen) == -(-har.n_train // cfg.batch_size)  # a call per step, the short last one included
+    if name.startswith("keras-"):
+        assert seen == [(None,)] * len(seen)
+    else:
+        assert all(len(args) == 1 and np.isfinite(float(args[0])) for args in seen)
