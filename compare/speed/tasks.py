@@ -14,8 +14,6 @@ from compare.speed import floors
 from keras_side import cores, fit, models
 from keras_side.data import HarData, Scaling
 from keras_side.determinism import seed_everything
-from keras_side.initial import InitialWeights
-from keras_side.results import compile_apart
 from keras_side.spec import TrainConfig
 
 ENGINE = keras.config.backend()
@@ -97,7 +95,7 @@ def _walk_jax(w: dict, cfg: TrainConfig, device_counts: list[int], cpus: list[in
     found = {}
     for count in (c for c in device_counts if c <= len(jax.devices())):
         with cores.on_cpus(cpus[-count:] if cpus else None, every_thread=True):  # a core a device
-            pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, jax.devices()[:count],
+            pred, seconds, compile_seconds = jax_many.forecasts(models.har, w, cfg, devices=jax.devices()[:count],
                                                                 repeats=repeats or WALK_FORWARD_REPEATS)
             found[f"jax-vmap-{count}dev"] = (pred, seconds, compile_seconds, count, cores.cores_in_use())
     return found
@@ -107,11 +105,5 @@ def _walk_torch(w: dict, cfg: TrainConfig) -> dict:
     from native.torch import many as torch_many
 
     seed_everything(cfg.seed)  # one thread, as every worker's training: the compiled step's kernels are tiny
-    init = InitialWeights.of(models.har, w["x"][0])
-    params = init.draw_grid(w["rows"].shape, cfg.seed)[0]  # each model's start, from the HAR's own initializers
-    epochs = []
-    params = torch_many.train_many(init.model, w["x"], w["y"], w["rows"], params, cfg, compile=True,
-                                   epoch_seconds=epochs)
-    seconds, compile_seconds = compile_apart(epochs)
-    return {"torch-vmap": (torch_many.predict_many(init.model, params, w["x_next"])[..., 0], seconds,
-                           compile_seconds, 1, cores.cores_in_use())}
+    pred, seconds, compile_seconds = torch_many.forecasts(models.har, w, cfg)
+    return {"torch-vmap": (pred, seconds, compile_seconds, 1, cores.cores_in_use())}

@@ -172,7 +172,7 @@ def _work(args) -> int:
 
         with np.load(args.data) as z:
             windows = dict(z)
-        pred, seconds, _ = many.forecasts(models.har, windows, cfg, jax.devices())
+        pred, seconds, _ = many.forecasts(models.har, windows, cfg)
         cpus = _every_process_cores()
         if jax.process_index() == 0:
             save_npz(args.out, seconds=seconds, forecasts=pred, cpus=json.dumps(cpus))

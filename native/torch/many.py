@@ -34,6 +34,8 @@ from torch.optim.adam import adam as functional_adam
 from keras_side.arrays import as_tuple, keras_inputs, output_arrays, take
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices
+from keras_side.initial import InitialWeights
+from keras_side.results import compile_apart
 from keras_side.spec import SpecError, TrainConfig
 from native.torch import compiled, loop, optim
 from native.torch.losses import spec_loss
@@ -146,6 +148,19 @@ def _compiled_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
     torch.compiler.reset()  # a fresh cache, as the torch loop's compile: never torch's recompile limit
     compiled = torch.compile(steps, fullgraph=True)
     return lambda xs, ys, positions: compiled(params, exp_avgs, exp_avg_sqs, state_steps, xs, ys, positions)
+
+
+def forecasts(build, w: dict, cfg: TrainConfig, *, compile: bool = True) -> tuple[np.ndarray, float, float | None]:
+    """Every walk-forward model of the windows `w` (x, y, rows, x_next), trained at once (`train_many`, compiled
+    unless `compile=False`): (forecasts, training seconds, compile seconds: the first epoch's excess,
+    `compile_apart`). Each model's initial weights come from the model's own initializers (`build`) and the seed
+    alone, as on JAX (`native.jax.many.forecasts`)."""
+    init = InitialWeights.of(build, w["x"][0])
+    params = init.draw_grid(w["rows"].shape, cfg.seed)[0]
+    epochs = []
+    params = train_many(init.model, w["x"], w["y"], w["rows"], params, cfg, compile=compile, epoch_seconds=epochs)
+    seconds, compile_seconds = compile_apart(epochs) if compile else (sum(epochs), None)
+    return predict_many(init.model, params, w["x_next"])[..., 0], seconds, compile_seconds
 
 
 @torch.no_grad()

@@ -180,6 +180,6 @@ def test_the_walk_forward_across_two_processes_gives_one_processs_forecasts(pane
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(tmp_path / "out.npz") as z:
         across = z["forecasts"]
-    alone, _, _ = many.forecasts(models.har, windows, TrainConfig(**spec), jax.devices()[:1])
+    alone, _, _ = many.forecasts(models.har, windows, TrainConfig(**spec), devices=jax.devices()[:1])
     assert across.shape == alone.shape
     np.testing.assert_allclose(across, alone, atol=SHARDED_ATOL, rtol=0)
