@@ -6,8 +6,8 @@ Keras's own trainers split training this way: one epoch loop with its callbacks 
 `train_step` per engine. Here the engine's part is an `Engine`: its batches, its step, its validation, its
 checkpoint files. The loop's part is written once: the epochs (a resumed run's after its checkpoint), the epoch's
 mean loss and metrics, validation, early stopping with the best weights restored, a checkpoint after every epoch,
-`progress`, `on_step(loss)`, and the timing. The reference loops (`native/<engine>/loop.py`) write this loop out themselves, for
-the lesson; the paths that make the step fast (`native.torch.fast`) or shard it (`native.torch.ddp`,
+`progress`, `on_step(loss)`, and the timing. The reference loops (`native/<engine>/loop.py`) write this loop out
+themselves, for the lesson; the paths that make the step fast (`native.torch.fast`) or shard it (`native.torch.ddp`,
 `native.jax.sharded`, `native.tensorflow.mirrored`) hand their step to `run`, and are tested to end on the
 reference loops' weights.
 """

@@ -338,7 +338,7 @@ def main(argv=None) -> int:
                 raise preflight.LaunchError("--fit trains one model with model.fit, and the walk-forward's models "
                                             "train with --processes; drop --fit or --walk-forward")
             cfg, data = preflight.launch_args(args, count=None if args.fit else args.processes,
-                                              windows=args.walk_forward, sample_weights=args.fit)
+                                              windows=args.walk_forward, sample_weights=args.fit, validates=args.fit)
         except preflight.LaunchError as err:
             return preflight.one_line(parser.prog, err)
     if args.fit:

@@ -13,10 +13,12 @@ replica's rows / the global batch: an activity regularizer (in Keras a mean over
 the global batch's mean, and a weight penalty, the same on every replica, counts once in the sum (exact for those two
 kinds; a loss of your own that is neither, `add_loss` of a sum over the rows or a max, is not). The guide's
 `tf.nn.scale_regularization_loss` (/ replicas) weighs the activity means of an uneven last batch equally, which
-ends measurably further from one process than weighing them by the rows (docs/dev-notes.md, "Measurements once quoted in the code"). Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
+ends measurably further from one process than weighing them by the rows (docs/dev-notes.md, "Measurements once
+quoted in the code"). Clipping is not data-parallel-exact here: Keras clips each replica's gradient before that sum.
 
 A BatchNormalization normalizes by its own replica's rows unless built with `synchronized=True`, Keras's switch
-(TensorFlow only) for moments from sums all-reduced over the replicas (without it, far from one process). `synchronize_batchnorm` turns it on in a built model; `train` and `fit_train` apply it.
+(TensorFlow only) for moments from sums all-reduced over the replicas (without it, far from one process).
+`synchronize_batchnorm` turns it on in a built model; `train` and `fit_train` apply it.
 
 A Dropout, left to the strategy, draws on every replica the mask of its own shard's shape from the same seed state: one
 pattern repeated, not the global batch's, which ends far from one process. Keras
@@ -63,7 +65,8 @@ def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig, HarData]:
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
     try:  # what the user gave, before TensorFlow's runtime starts
-        return args, *preflight.launch_args(args, count=args.replicas, what="replicas", sample_weights=args.fit)
+        return args, *preflight.launch_args(args, count=args.replicas, what="replicas", sample_weights=args.fit,
+                                            validates=args.fit)
     except preflight.LaunchError as err:
         raise SystemExit(preflight.one_line(parser.prog, err)) from None
 
@@ -173,10 +176,10 @@ def rows_of_global_batch(x):
             _replica.window = outer
 
 
-def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None, init=None) -> list[np.ndarray]:
-    """The native loop's step on every replica of a MirroredStrategy over `devices`; `init`: the weights to start
-    from (default: the model's seeded initializers). Returns the trained weights. The batch order is the shared
-    NumPy one."""
+def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None) -> list[np.ndarray]:
+    """The native loop's step on every replica of a MirroredStrategy over `devices`, from the model's seeded
+    initializers; returns the trained weights. The batch order is the shared NumPy one. The epochs are the driver's
+    (`native.driver.run`), the step `ReplicaSteps`'."""
     if data.w_train is not None:
         raise SpecError("the mirrored loop takes no sample weights; train without them")
     if cfg.clipnorm or cfg.global_clipnorm or cfg.clipvalue:
@@ -191,8 +194,6 @@ def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None =
         if replicas > 1:
             refuse_other_draws(model)
         draws = bool(drawing_layers(model))  # else no all-gather a step
-        if init is not None:
-            model.set_weights(init)
         optimizer = keras_optimizer(cfg)
         optimizer.build(model.trainable_variables)
 
@@ -273,9 +274,9 @@ def shard_loss(model, loss_fn, xb, yb, global_rows):
 def fit_train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None = None) -> list[np.ndarray]:
     """`fit` itself under the strategy: the model built and compiled in its scope, Keras distributing each batch.
     Equal to one process up to float32 rounding when every batch splits evenly over the replicas; with an uneven
-    last batch, measurably further apart (docs/dev-notes.md, "Measurements once quoted in the code"), because Keras averages the replicas' own mean losses with
-    equal weights, where the global batch's mean weighs each replica by its rows (`train` above does). With one
-    device, plain `fit`."""
+    last batch, measurably further apart (docs/dev-notes.md, "Measurements once quoted in the code"), because Keras
+    averages the replicas' own mean losses with equal weights, where the global batch's mean weighs each replica by
+    its rows (`train` above does). With one device, plain `fit`."""
     from keras_side import fit
 
     with tf.distribute.MirroredStrategy(devices).scope() if len(devices) > 1 else nullcontext():

@@ -28,6 +28,8 @@ LAUNCH_CASES = [
     (dict(out="nodir/w.npz"), "--out '{tmp}/nodir/w.npz': its folder {tmp}/nodir does not exist"),
     (dict(out=""), "--out '{tmp}' is a folder; give the file to write the weights to"),  # after the training
     (dict(config='{"learning_rate": "0.1"}'), "--config: learning_rate must be a number, got '0.1'"),  # TypeError
+    (dict(config='{"validate": true}'), "--config: the native data-parallel loops do not validate, so they take "
+                                        "neither validate nor patience; drop them, or train with --fit"),
     (dict(count=0), "--processes must be between 1 and this machine's"),
     (dict(count=-1), "--processes must be between 1 and this machine's"),
     (dict(count=10_000), "--processes must be between 1 and this machine's"),
