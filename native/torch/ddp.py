@@ -140,9 +140,11 @@ class RankSteps(driver.Engine):
         ddp = DistributedDataParallel(module, device_ids=None if self.device is None else [self.device])  # rank 0's
         self.update = Updates(model, cfg)  # weights, broadcast: the optimizer is built on them
         # every target (n, 1), as the outputs
-        loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))
+        loss_fn, world = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train))), self.world
+        # the closure holds what it needs, not `self`: a cycle would keep DDP's reducer alive past the run, until a
+        # garbage collection, or the interpreter's teardown, where gloo aborts the process
         self.backward = through_autograd(lambda xb, yb, size, masks: (shard_loss(
-            model, loss_fn, xb, yb, size, world=self.world, forward=ddp, masks=masks), None), self.update.optimizer)
+            model, loss_fn, xb, yb, size, world=world, forward=ddp, masks=masks), None), self.update.optimizer)
         self.orders = numpy_orders(cfg.seed, data.n_train, cfg.epochs)
         self.checked = False  # that every rank drew the first step's masks alike
 

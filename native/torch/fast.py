@@ -124,10 +124,10 @@ class FastSteps(driver.Engine):
 
     def _backward(self):
         """`backward(x, y, w) -> (loss, outputs)`, the gradients left in each `.grad`: eager, or compiled."""
-        model, loss_fn, optimizer = self.model, self.loss_fn, self.update.optimizer
+        model, loss_fn, optimizer, regularized = self.model, self.loss_fn, self.update.optimizer, self.regularized
 
-        def batch_loss(xb, yb, wb, masks=()):
-            return total_loss(model, loss_fn, xb, yb, training=True, regularized=self.regularized, sample_weight=wb,
+        def batch_loss(xb, yb, wb, masks=()):  # not `self`: no cycle keeps the engine alive past its run
+            return total_loss(model, loss_fn, xb, yb, training=True, regularized=regularized, sample_weight=wb,
                               masks=masks)
 
         if not self.compile:
