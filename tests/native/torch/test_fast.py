@@ -135,7 +135,7 @@ def test_the_compiled_loop_ends_on_the_reference_loops_weights(panel, name):
 def test_the_fast_verbs_take_inputs_by_name_as_the_loops_verbs_do():
     """`fast.predict` and `fast.grad_at` take a dict keyed by the model's input names, as `loop`'s do (they took
     arrays only), and give what the same arrays in the model's order give."""
-    from tests.native.test_loops import users_model
+    from tests.native.loops import users_model
 
     model = users_model()
     rng = np.random.default_rng(0)
