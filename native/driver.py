@@ -7,9 +7,9 @@ Keras's own trainers split training this way: one epoch loop with its callbacks 
 checkpoint files. The loop's part is written once: the epochs (a resumed run's after its checkpoint), the epoch's
 mean loss and metrics, validation, early stopping with the best weights restored, a checkpoint after every epoch,
 `progress`, `on_step(loss)`, and the timing. The reference loops (`native/<engine>/loop.py`) write this loop out
-themselves, for the lesson; the paths that make the step fast (`native.torch.fast`) or shard it (`native.torch.ddp`,
-`native.jax.sharded`, `native.tensorflow.mirrored`) hand their step to `run`, and are tested to end on the
-reference loops' weights.
+themselves, for the lesson; the paths that make the step fast (`native.torch.fast`), shard it (`native.torch.ddp`,
+`native.jax.sharded`, `native.tensorflow.mirrored`) or stack many models (`native.torch.many`) hand their step to
+`run`, and are tested to end on the reference loops' weights.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ class Engine:
 
     def epoch_loss(self, losses: list, rows: list[int]) -> float:
         """The epoch's loss as `fit` reports it: the mean over its rows of the steps' `losses`, each of a batch of
-        `rows` rows. Where the device is waited for: once an epoch."""
+        `rows` rows. Where the device is waited for: once an epoch. (Many models at once: each model's, an array;
+        steps that keep their loss inside a compiled graph: None.)"""
         return sum(float(loss) * n for loss, n in zip(losses, rows)) / sum(rows)
 
     def epoch_scope(self, epoch: int):

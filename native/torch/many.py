@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 
 import numpy as np
 import torch
 from torch.optim.adam import adam as functional_adam
 
-from keras_side.arrays import as_tuple, keras_inputs, output_arrays, take
+from keras_side.arrays import as_tuple, first, keras_inputs, output_arrays, take
 from keras_side.checks import check_data
 from keras_side.data import HarData, batch_slices
 from keras_side.initial import InitialWeights
 from keras_side.results import compile_apart
 from keras_side.spec import SpecError, TrainConfig
+from native import driver
 from native.torch import compiled, loop, optim
 from native.torch.losses import spec_loss
 
@@ -64,46 +64,71 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     The same weights as eager (tested); faster than the compiled gradient with the stock `Adam.step` after it
     (docs/dev-notes.md, "Many models at once"), after a long compile (in the first epoch). `epoch_seconds` receives
     each epoch's wall time."""
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
-    if x.shape[1] >= 2 ** 24:
-        raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below 2**24")
-    # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for an
-    # int64 comparison made into a float mask is emulated, and the step's kernel far slower (docs/dev-notes.md)
-    rows = torch.as_tensor(rows).to(torch.float32)
-    params = [torch.as_tensor(p).clone() for p in params]
-    forward, shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
+    engine = WindowSteps(model, x, y, rows, params, cfg, compile=compile)
+    _, seconds, _ = driver.run(engine, cfg.replace(validate=False, patience=None))  # no validation rows
+    if epoch_seconds is not None:
+        epoch_seconds.extend(seconds)
+    return [p.detach().numpy() for p in engine.params]
 
-    def batch_loss(params, xb, yb, positions):
-        inside = (positions < rows[..., None]).to(xb.dtype)[..., None]  # (groups, models, batch, 1)
-        error = inside * (forward(params, xb) - yb[:, None]) ** 2
-        return (error.sum((2, 3)) / inside.sum((2, 3)).clamp(min=1)).sum()  # each model's own mean, summed
 
-    steps = (_compiled_steps if compile else _eager_steps)(batch_loss, params, cfg)
-    n_rows, size = x.shape[1], cfg.batch_size
-    n_batches = math.ceil(n_rows / size)
-    x, y = torch.nn.functional.pad(x, (0, 0, 0, 1)), torch.nn.functional.pad(y, (0, 0, 0, 1))  # padding row n_rows
-    x_by_feature = x.transpose(1, 2).contiguous()  # (groups, F, N + 1): see the gather below
-    if compile:  # one eager call first: Keras makes its global slots (the scope, the name scopes) at a model's first
-        with torch.no_grad():  # call; traced before they exist, the graph would guard on their absence, and the
-            batch_loss(params, x[:, :1], y[:, :1], torch.zeros(1, dtype=torch.float32))  # second call recompile
-    for epoch in range(cfg.epochs):
-        start = time.perf_counter()
-        order = torch.nn.functional.pad(torch.randperm(n_rows, generator=shuffle), (0, n_batches * size - n_rows),
-                                        value=n_rows)
+class WindowSteps(driver.Engine):
+    """Every walk-forward model's steps, for `driver.run`: each epoch's one permutation of the N positions, its
+    batches gathered once, then `STEPS_PER_CALL` steps a call (as Keras's `steps_per_execution`: the driver's step is
+    a call). No loss leaves the steps' graphs, so the epoch reports none."""
+
+    def __init__(self, model, x, y, rows, params, cfg: TrainConfig, *, compile: bool):
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+        if x.shape[1] >= 2 ** 24:
+            raise ValueError(f"{x.shape[1]} rows: the windows' masks compare row positions in float32, exact below "
+                             "2**24")
+        # positions and windows compared in float32 (exact integers here): on an AVX2 CPU inductor's vector code for
+        # an int64 comparison made into a float mask is emulated, and the step's kernel far slower (docs/dev-notes.md)
+        rows = torch.as_tensor(rows).to(torch.float32)
+        self.model, self.cfg, self.compile = model, cfg, compile
+        self.params = params = [torch.as_tensor(p).clone() for p in params]
+        forward, self.shuffle = _forward(model), torch.Generator().manual_seed(cfg.seed)
+
+        def batch_loss(params, xb, yb, positions):
+            inside = (positions < rows[..., None]).to(xb.dtype)[..., None]  # (groups, models, batch, 1)
+            error = inside * (forward(params, xb) - yb[:, None]) ** 2
+            return (error.sum((2, 3)) / inside.sum((2, 3)).clamp(min=1)).sum()  # each model's own mean, summed
+
+        self.steps = (_compiled_steps if compile else _eager_steps)(batch_loss, params, cfg)
+        self.n_rows = x.shape[1]
+        self.n_batches = math.ceil(self.n_rows / cfg.batch_size)
+        x, self.y = torch.nn.functional.pad(x, (0, 0, 0, 1)), torch.nn.functional.pad(y, (0, 0, 0, 1))  # row n_rows
+        self.x_by_feature = x.transpose(1, 2).contiguous()  # (groups, F, N + 1): see the gather below
+        if compile:  # one eager call first: Keras makes its global slots (the scope, the name scopes) at a model's
+            with torch.no_grad():  # first call; traced before they exist, the graph would guard on their absence,
+                batch_loss(params, x[:, :1], self.y[:, :1], torch.zeros(1, dtype=torch.float32))  # and recompile
+
+    def batches(self, epoch: int):
+        """`(x, y, positions)` of `STEPS_PER_CALL` batches a call (an odd count's last call one: a graph of its own)."""
+        size, n_batches = self.cfg.batch_size, self.n_batches
+        order = torch.nn.functional.pad(torch.randperm(self.n_rows, generator=self.shuffle),
+                                        (0, n_batches * size - self.n_rows), value=self.n_rows)
         positions = order.to(torch.float32).unflatten(0, (n_batches, size))  # (batches, batch)
         # one gather per group and epoch, batches then views; x feature-major, so a batch's rows of one feature
         # are contiguous and the kernel's gradient (a sum over the batch per model and feature) runs on whole
         # vectors: row-major, inductor vectorized it over the 3 features instead, a markedly slower compiled step
-        xe = x_by_feature[:, :, order].transpose(1, 2).unflatten(1, (n_batches, size))  # (groups, batches, batch, F)
-        ye = y[:, order].unflatten(1, (n_batches, size))
+        xe = self.x_by_feature[:, :, order].transpose(1, 2).unflatten(1, (n_batches, size))  # (groups, batches, ...)
+        ye = self.y[:, order].unflatten(1, (n_batches, size))
+        for b in range(0, n_batches, STEPS_PER_CALL):
+            chunk = slice(b, b + STEPS_PER_CALL)
+            yield xe[:, chunk], ye[:, chunk], positions[chunk]
+
+    def step(self, batch):
+        self.steps(*batch)
+
+    def rows(self, batch) -> int:
+        return batch[2].numel()
+
+    def epoch_loss(self, losses: list, rows: list[int]) -> None:
+        return None  # computed inside the steps' graphs only
+
+    def epoch_scope(self, epoch: int):
         # compiled: after the first epoch's graphs (fullgraph), only the guards that tell graphs apart
-        with compiled.guards_skipped() if compile and epoch else contextlib.nullcontext():
-            for b in range(0, n_batches, STEPS_PER_CALL):
-                chunk = slice(b, b + STEPS_PER_CALL)  # an odd count's last chunk is one step: a graph of its own
-                steps(xe[:, chunk], ye[:, chunk], positions[chunk])
-        if epoch_seconds is not None:
-            epoch_seconds.append(time.perf_counter() - start)
-    return [p.detach().numpy() for p in params]
+        return compiled.guards_skipped() if self.compile and epoch else contextlib.nullcontext()
 
 
 def _eager_steps(batch_loss, params: list[torch.Tensor], cfg: TrainConfig):
@@ -199,49 +224,74 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     """
     check_data(cfg, data, model)
     check_separable(model, cfg)
-    orders = torch.as_tensor(orders)
-    n_models = len(orders)
-    rates = [cfg.learning_rate] * n_models if learning_rates is None else [float(r) for r in learning_rates]
-    blocks = _blocks(rates)
-    groups = [[torch.nn.Parameter(torch.as_tensor(np.asarray(w[b])).clone()) for w in start[0]] for _, b in blocks]
-    optimizer, scheduler, _ = optim.build(groups[0], cfg.replace(learning_rate=blocks[0][0]))
-    for (rate, _), params in zip(blocks[1:], groups[1:]):
-        optimizer.add_param_group({"params": params, "lr": rate})
-    # every model's weights, in order: the one group's own tensors, or the rates' groups joined (a copy a step)
-    stacked = (lambda: groups[0]) if len(groups) == 1 else (lambda: [torch.cat(vs) for vs in zip(*groups)])
-    state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
-    x, y = loop.tensors(data.x_train, None), loop.tensors(data.y_train, None)
-    weights = None if data.w_train is None else torch.as_tensor(data.w_train)
-    loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))  # (n, 1) each
-    losses = _losses(model, loss_fn, training=True)
-    begin = time.perf_counter()
-    for epoch in range(cfg.epochs):
-        order = orders[:, epoch]  # (models, n): each model its own gather, each batch then a view
-        x_epoch, y_epoch = take(x, order), take(y, order)
-        w_epoch = None if weights is None else weights[order]
-        for rows in batch_slices(data.n_train, cfg.batch_size):
-            w_batch = None if weights is None else w_epoch[:, rows]
-            try:
-                loss, state = losses(stacked(), state, take(x_epoch, (slice(None), rows)),
-                                     take(y_epoch, (slice(None), rows)), w_batch)
-            except RuntimeError as err:  # Keras's torch Dropout reads its seed with .item(), which vmap refuses
-                if "vmap" not in str(err):
-                    raise
-                raise SpecError("torch.func.vmap cannot run this model's training call (a layer that draws random "
-                                "numbers, such as Dropout, reads its seed with .item()); use JAX's trainer, where "
-                                "each model draws its own") from None
-            state = [s.detach() for s in state]
-            optimizer.zero_grad(set_to_none=True)
-            loss.sum().backward()
-            optimizer.step()
-            if scheduler:
-                scheduler.step()
-    seconds = time.perf_counter() - begin
+    engine = SeedSteps(model, data, cfg, start, orders, learning_rates)
+    # each model's validation loss after the last epoch, below
+    _, epoch_seconds, _ = driver.run(engine, cfg.replace(validate=False, patience=None))
     with torch.no_grad():
-        val_loss, _ = _losses(model, loss_fn, training=False)(stacked(), state, _broadcast(data.x_val, n_models),
-                                                              _broadcast(data.y_val, n_models), None)
-    return {"trainable": [p.detach().numpy() for p in stacked()], "non_trainable": [s.numpy() for s in state],
-            "val_loss": val_loss.numpy(), "seconds": seconds, "compile_seconds": None}
+        n_models = len(engine.orders)
+        val_loss, _ = _losses(model, engine.loss_fn, training=False)(
+            engine.stacked(), engine.state, _broadcast(data.x_val, n_models), _broadcast(data.y_val, n_models), None)
+    return {"trainable": [p.detach().numpy() for p in engine.stacked()],
+            "non_trainable": [s.numpy() for s in engine.state], "val_loss": val_loss.numpy(),
+            "seconds": sum(epoch_seconds), "compile_seconds": None}
+
+
+class SeedSteps(driver.Engine):
+    """Every model's step at once, for `driver.run`: model i's batches cut from its own orders, the models' losses
+    summed, so that each gets its own gradient, then the spec's Keras-exact optimizer (`optim.build`), one parameter
+    group per learning rate."""
+
+    def __init__(self, model, data: HarData, cfg: TrainConfig, start, orders, learning_rates=None):
+        self.model, self.data, self.cfg = model, data, cfg
+        self.orders = torch.as_tensor(orders)
+        n_models = len(self.orders)
+        rates = [cfg.learning_rate] * n_models if learning_rates is None else [float(r) for r in learning_rates]
+        blocks = _blocks(rates)
+        self.groups = [[torch.nn.Parameter(torch.as_tensor(np.asarray(w[b])).clone()) for w in start[0]]
+                       for _, b in blocks]
+        self.optimizer, self.scheduler, _ = optim.build(self.groups[0], cfg.replace(learning_rate=blocks[0][0]))
+        for (rate, _), params in zip(blocks[1:], self.groups[1:]):
+            self.optimizer.add_param_group({"params": params, "lr": rate})
+        self.state = [torch.as_tensor(np.asarray(w)).clone() for w in start[1]]
+        self.x, self.y = loop.tensors(data.x_train, None), loop.tensors(data.y_train, None)
+        self.weights = None if data.w_train is None else torch.as_tensor(data.w_train)
+        self.loss_fn = spec_loss(cfg, same_rank=all(t.ndim == 2 for t in as_tuple(data.y_train)))  # (n, 1) each
+        self.losses = _losses(model, self.loss_fn, training=True)
+
+    def stacked(self) -> list[torch.Tensor]:
+        """Every model's weights, in order: the one group's own tensors, or the rates' groups joined (a copy)."""
+        return self.groups[0] if len(self.groups) == 1 else [torch.cat(vs) for vs in zip(*self.groups)]
+
+    def batches(self, epoch: int):
+        order = self.orders[:, epoch]  # (models, n): each model its own gather, each batch then a view
+        x, y = take(self.x, order), take(self.y, order)
+        w = None if self.weights is None else self.weights[order]
+        for rows in batch_slices(self.data.n_train, self.cfg.batch_size):
+            yield take(x, (slice(None), rows)), take(y, (slice(None), rows)), None if w is None else w[:, rows]
+
+    def step(self, batch):
+        try:
+            loss, state = self.losses(self.stacked(), self.state, *batch)
+        except RuntimeError as err:  # Keras's torch Dropout reads its seed with .item(), which vmap refuses
+            if "vmap" not in str(err):
+                raise
+            raise SpecError("torch.func.vmap cannot run this model's training call (a layer that draws random "
+                            "numbers, such as Dropout, reads its seed with .item()); use JAX's trainer, where "
+                            "each model draws its own") from None
+        self.state = [s.detach() for s in state]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        self.optimizer.step()
+        if self.scheduler:
+            self.scheduler.step()
+        return loss.detach()
+
+    def rows(self, batch) -> int:
+        return first(batch[1]).shape[1]  # (models, rows, ...)
+
+    def epoch_loss(self, losses: list, rows: list[int]):
+        """Each model's epoch loss, the mean over its rows: (models,)."""
+        return (torch.stack(losses).double().T @ torch.tensor(rows, dtype=torch.float64) / sum(rows)).numpy()
 
 
 @torch.no_grad()
