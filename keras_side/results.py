@@ -151,7 +151,7 @@ class Result:
         folder = Path(folder)
         arrays_only = ("weights", "test_pred")
         meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in arrays_only}
-        arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | output_files("test_pred", self.test_pred)
+        arrays = {f"w_{i}": w for i, w in enumerate(self.weights)} | output_files("test_pred", self.test_pred)
         np.savez(folder / f"{self.path}.npz", **arrays)
         (folder / f"{self.path}.json").write_text(json.dumps(meta, indent=1))
 
@@ -167,6 +167,6 @@ class Result:
         folder = Path(folder)
         meta = json.loads((folder / f"{path}.json").read_text())
         with np.load(folder / f"{path}.npz") as z:
-            weights = [z[f"w{i}"] for i in range(sum(k.startswith("w") for k in z.files))]
+            weights = [z[f"w_{i}"] for i in range(sum(k.startswith("w_") for k in z.files))]
             test_pred = output_read(z, "test_pred")
         return cls(weights=weights, test_pred=test_pred, **meta)

@@ -105,7 +105,7 @@ def _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
     rng = np.random.default_rng(seed)
     with np.load(tmp / "shapes.npz") as z:
         names = [str(n) for n in z["names"]]
-        shapes = [tuple(int(k) for k in z[f"shape{i}"]) for i in range(len(names))]
+        shapes = [tuple(int(k) for k in z[f"shape_{i}"]) for i in range(len(names))]
         frozen = {k: z[k] for k in z.files if k.startswith("frozen")}  # non-trainable values, set on every engine
         drawing = [str(s) for s in z["drawing"]]
     if request["training"] and drawing:
@@ -121,7 +121,7 @@ def _compare(pool, request, xs, y, wanted, seed, weights, kind, rtol, atol, tmp)
         weights = [rng.normal(0.0, 0.5, size=shape).astype(np.float32) for shape in shapes]
     else:
         weights = _own_weights(weights, names, shapes)
-    np.savez(tmp / "weights.npz", **{f"w{i}": w for i, w in enumerate(weights)}, **frozen)
+    np.savez(tmp / "weights.npz", **{f"w_{i}": w for i, w in enumerate(weights)}, **frozen)
     runs = {e: {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-{e}.npz")} for e in wanted}
     runs["float64"] = {**common, "weights": str(tmp / "weights.npz"), kind: str(tmp / f"{kind}-f64.npz"),
                        "float64": True}

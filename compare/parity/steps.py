@@ -324,14 +324,14 @@ def parity(request: dict, send) -> dict:
         if "describe" in request:  # the trainable weights' names and shapes, and this engine's non-trainable values
             np.savez(request["describe"], names=np.array([v.path for v in variables]),
                      drawing=np.array([layer.name for layer in models.drawing_layers(model)], dtype=str),
-                     **{f"shape{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)},
-                     **{f"frozen{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(frozen)})
+                     **{f"shape_{i}": np.array(v.shape, dtype=np.int64) for i, v in enumerate(variables)},
+                     **{f"frozen_{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(frozen)})
             return {}
         with np.load(request["weights"]) as z:
             for i, v in enumerate(variables):
-                v.assign(z[f"w{i}"].astype(v.dtype))
+                v.assign(z[f"w_{i}"].astype(v.dtype))
             for i, v in enumerate(frozen):  # the reference engine's, so that no engine keeps its own draw
-                v.assign(z[f"frozen{i}"].astype(v.dtype))
+                v.assign(z[f"frozen_{i}"].astype(v.dtype))
         if "forward" in request:
             outputs = models.layer_outputs(model, x, training=request["training"])
             np.savez(request["forward"], names=np.array(list(outputs)), **named("o", outputs.values()))
