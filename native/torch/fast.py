@@ -84,7 +84,10 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, compile: bool 
     with `torch.save`); `resume=True` goes on from the last one there. The epochs are the driver's
     (`native.driver.run`); the step is `FastSteps`."""
     assert isinstance(model, torch.nn.Module), "the torch loop needs a Keras model built with KERAS_BACKEND=torch"
-    name = "torch-native-compile" if compile else "torch-native-fast"
+    # the path's name, as `compare.engines.paths` names it: with torch's stock optimizer (flavour "engine") its own
+    name = {("exact", False): "torch-native-fast", ("exact", True): "torch-native-compile",
+            ("engine", False): "torch-native-engine", ("engine", True): "torch-native-compile-engine"}[
+        cfg.flavour, compile]
     data, cfg = as_whole_arrays(model, data, cfg, validation_data, path=name, reference="torch-native")  # as the loop
     check_data(cfg, data, ensure_built(model, data.x_train))
     warn_unseeded(model)

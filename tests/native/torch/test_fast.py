@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from compare.engines import paths
 from compare.referee.tolerances import COMPILED_VS_EAGER_ATOL
 from keras_side import internals, models
 from keras_side.arrays import as_tuple
@@ -170,6 +171,9 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
     with pytest.raises(SpecError, match=r"^the path torch-native-fast .* cannot train on a loader of batches; give "
                                         r"validation_data=\(x_val, y_val\) arrays"):
         fast.train(fresh_users_model(), (x, y), cfg, validation_data=Unread())
+    for name in ("torch-native-engine", "torch-native-compile-engine"):  # the path's own name, not the fast loop's
+        with pytest.raises(SpecError, match=rf"^the path {name} cuts its batches from whole arrays"):
+            paths.get(name).train(fresh_users_model(), Unread(), cfg)
 
 
 class Interrupted(Exception):
