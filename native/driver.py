@@ -28,6 +28,7 @@ class Engine:
 
     model = None  # the Keras model, whose weights a checkpoint holds (`Checkpoints.save`)
     metrics = None  # the spec's metrics (`EpochMetrics`), which `step` updates; `run` closes them every epoch
+    validates = False  # it has validation rows (`validate`); without them `run` neither validates nor stops early
 
     def batches(self, epoch: int):
         """The epoch's batches, in order, each what `step` takes."""
@@ -55,7 +56,7 @@ class Engine:
         """After the epoch's last step, before validation."""
 
     def validate(self) -> float:
-        """The validation loss after an epoch (called when the spec validates)."""
+        """The validation loss after an epoch (called when the engine `validates` and the spec asks for it)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -96,7 +97,8 @@ def run(engine: Engine, cfg: TrainConfig, *, saved: Checkpoints | None = None, p
     curves = saved.curves if saved else fresh_curves()  # a resumed run's epochs so far
     if engine.metrics is not None:
         engine.metrics.history = curves["metrics"]
-    stop = EarlyStopping(cfg.patience) if cfg.patience else None
+    validate = cfg.validate and engine.validates
+    stop = EarlyStopping(cfg.patience) if cfg.patience and validate else None
     epoch_seconds, steps = [], [] if time_steps else None
     for epoch in range(saved.start if saved else 0, cfg.epochs):
         start, losses, rows = time.perf_counter(), [], []
@@ -117,7 +119,7 @@ def run(engine: Engine, cfg: TrainConfig, *, saved: Checkpoints | None = None, p
         engine.end_epoch()
         if engine.metrics is not None:
             engine.metrics.close()  # the epoch's values recorded, the metrics reset, as fit does
-        if cfg.validate:
+        if validate:
             curves["val_loss"].append(engine.validate())
         epoch_seconds.append(time.perf_counter() - start)
         if saved:

@@ -29,11 +29,11 @@ class LaunchError(ValueError):
 
 
 def launch_args(args, *, count: int | None = None, what: str = "processes", windows: bool = False,
-                sample_weights: bool = False, validates: bool = False) -> tuple[TrainConfig, HarData | dict]:
+                fit: bool = False) -> tuple[TrainConfig, HarData | dict]:
     """The spec of --config and what --data holds (a HarData, or with `windows` the walk-forward's windows as a dict
     of arrays), once --config, --data, --build, --out and the `count` of processes (or replicas, `what`) have been
-    found usable; else a LaunchError. `sample_weights`, `validates`: the training takes sample weights, validates
-    (`fit` does both, no native data-parallel loop does either)."""
+    found usable; else a LaunchError. `fit`: the training is `model.fit`, which takes sample weights and validates
+    (no native data-parallel loop does either)."""
     if count is not None and not 1 <= count <= (os.cpu_count() or 1):
         raise LaunchError(f"--{what} must be between 1 and this machine's {os.cpu_count() or 1} cores, got {count}")
     try:
@@ -47,10 +47,10 @@ def launch_args(args, *, count: int | None = None, what: str = "processes", wind
         cfg = data_parallel_config(fields)
     except SpecError as err:
         raise LaunchError(f"--config: {err}") from None
-    if not validates and (cfg.validate or cfg.patience is not None):  # else trained without either, without a word
+    if not fit and (cfg.validate or cfg.patience is not None):  # else trained without either, without a word
         raise LaunchError("--config: the native data-parallel loops do not validate, so they take neither validate nor "
                           "patience; drop them, or train with --fit")
-    data = _load_data(Path(args.data), windows, sample_weights)
+    data = _load_data(Path(args.data), windows, sample_weights=fit)
     module, _, function = args.build.partition(":")
     try:
         found = bool(module and function) and importlib.util.find_spec(module) is not None

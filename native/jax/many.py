@@ -134,9 +134,9 @@ def _place(array, sharding: NamedSharding) -> jax.Array:
 def forecasts(build, w: dict, cfg: TrainConfig, *, devices=None, repeats: int = 1) -> tuple[np.ndarray, float, float]:
     """Every walk-forward model of the windows `w` (x, y, rows, x_next), trained at once with the model axis sharded
     over `devices` (default: every device JAX sees: one process's, or every process's after
-    jax.distributed.initialize): (forecasts, seconds (the
-    median of `repeats` runs of the compiled trainer), compile seconds). Each model's initial weights come from the
-    model's own initializers (`build`) and the seed alone, so the forecasts do not depend on the devices."""
+    jax.distributed.initialize): (forecasts, seconds (the median of `repeats` runs of the compiled trainer), compile
+    seconds). Each model's initial weights come from the model's own initializers (`build`) and the seed alone, so
+    the forecasts do not depend on the devices."""
     import time
 
     devices = list(devices or jax.devices())

@@ -74,7 +74,7 @@ def train(build, data: HarData, cfg: TrainConfig, *, devices=None, on_step=None)
     check_data(cfg, data, model)  # as the one-process loop: JAX would train on such labels without a word
     engine = MeshSteps(model, data, cfg, list(devices or jax.devices()))
     with convolution.as_matmuls():  # the step traced inside: a 1-D convolution as a matmul, as the fast paths do
-        driver.run(engine, cfg.replace(validate=False, patience=None), on_step=on_step)  # no validation rows
+        driver.run(engine, cfg, on_step=on_step)
     local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), engine.state)  # this process's replica
     loop.write_back(model, local)
     return model.get_weights()
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
                 raise preflight.LaunchError("--fit trains one model with model.fit, and the walk-forward's models "
                                             "train with --processes; drop --fit or --walk-forward")
             cfg, data = preflight.launch_args(args, count=None if args.fit else args.processes,
-                                              windows=args.walk_forward, sample_weights=args.fit, validates=args.fit)
+                                              windows=args.walk_forward, fit=args.fit)
         except preflight.LaunchError as err:
             return preflight.one_line(parser.prog, err)
     if args.fit:

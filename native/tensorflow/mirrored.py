@@ -65,8 +65,7 @@ def command_line(argv=None) -> tuple[argparse.Namespace, TrainConfig, HarData]:
     parser.add_argument("--fit", action="store_true", help="train with model.fit under the strategy instead")
     args = parser.parse_args(argv)
     try:  # what the user gave, before TensorFlow's runtime starts
-        return args, *preflight.launch_args(args, count=args.replicas, what="replicas", sample_weights=args.fit,
-                                            validates=args.fit)
+        return args, *preflight.launch_args(args, count=args.replicas, what="replicas", fit=args.fit)
     except preflight.LaunchError as err:
         raise SystemExit(preflight.one_line(parser.prog, err)) from None
 
@@ -197,8 +196,7 @@ def train(build, data: HarData, cfg: TrainConfig, *, devices: list[str] | None =
         optimizer = keras_optimizer(cfg)
         optimizer.build(model.trainable_variables)
 
-    driver.run(ReplicaSteps(model, data, cfg, strategy, optimizer, draws=draws),
-               cfg.replace(validate=False, patience=None))  # no validation rows
+    driver.run(ReplicaSteps(model, data, cfg, strategy, optimizer, draws=draws), cfg)
     return model.get_weights()
 
 

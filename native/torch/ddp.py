@@ -123,7 +123,7 @@ def train(build, data: HarData, cfg: TrainConfig) -> list[np.ndarray]:
     refuse_other_draws(model, draws=draws)
     check_data(cfg, data, model)  # as the one-process loop: every rank would raise deep in its loss
     synchronize_batchnorm(model)
-    driver.run(RankSteps(model, data, cfg, draws), cfg.replace(validate=False, patience=None))  # no validation rows
+    driver.run(RankSteps(model, data, cfg, draws), cfg)
     return model.get_weights()
 
 

@@ -107,6 +107,8 @@ class FastSteps(driver.Engine):
     """The fast step on whole training arrays, for `driver.run`: each epoch's rows gathered once, each batch a view
     of them; each batch's loss left on the device (`.item()` every step would wait for it), summed once an epoch."""
 
+    validates = True
+
     def __init__(self, model, data, cfg: TrainConfig, *, compile: bool, looked_in: bool):
         """`looked_in`: an `on_step` of yours runs between steps (it may change what compiled graphs read)."""
         self.model, self.data, self.cfg, self.compile, self.looked_in = model, data, cfg, compile, looked_in

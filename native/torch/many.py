@@ -65,7 +65,7 @@ def train_many(model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, params: li
     (docs/dev-notes.md, "Many models at once"), after a long compile (in the first epoch). `epoch_seconds` receives
     each epoch's wall time."""
     engine = WindowSteps(model, x, y, rows, params, cfg, compile=compile)
-    _, seconds, _ = driver.run(engine, cfg.replace(validate=False, patience=None))  # no validation rows
+    _, seconds, _ = driver.run(engine, cfg)
     if epoch_seconds is not None:
         epoch_seconds.extend(seconds)
     return [p.detach().numpy() for p in engine.params]
@@ -225,8 +225,7 @@ def train_seeds(model, data: HarData, cfg: TrainConfig, start, orders, learning_
     check_data(cfg, data, model)
     check_separable(model, cfg)
     engine = SeedSteps(model, data, cfg, start, orders, learning_rates)
-    # each model's validation loss after the last epoch, below
-    _, epoch_seconds, _ = driver.run(engine, cfg.replace(validate=False, patience=None))
+    _, epoch_seconds, _ = driver.run(engine, cfg)  # each model's validation loss after the last epoch, below
     with torch.no_grad():
         n_models = len(engine.orders)
         val_loss, _ = _losses(model, engine.loss_fn, training=False)(

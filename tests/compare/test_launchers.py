@@ -62,7 +62,7 @@ def test_a_launchers_arguments_are_checked_before_anything_starts(har, tmp_path,
     np.testing.assert_array_equal(data.x_train, har.x_train)  # what it checked, loaded once for the launcher
     _, weighted = preflight.launch_args(argparse.Namespace(config="{}", data=str(tmp_path / "weighted.npz"),
                                                            build="keras_side.models:har", out=str(tmp_path / "w.npz")),
-                                        sample_weights=True)  # --fit takes them
+                                        fit=True)  # --fit takes them
     assert weighted.w_train is not None
 
 

@@ -106,3 +106,18 @@ SPLITS = ("train", "val", "test")
 def three_classes(har, y):
     """Class labels 0, 1, 2 of targets `y`: the HAR's training terciles."""
     return np.digitize(y, np.quantile(har.y_train, [1 / 3, 2 / 3])).astype(np.float32)
+
+
+class Interrupted(Exception):
+    """Raised from an `on_step`: the run ends mid-epoch, as a crash would, its checkpoints on disk."""
+
+
+def interrupt_at(step: int):
+    """An `on_step` that ends the run at its `step`-th optimizer step (from 1), raising `Interrupted`."""
+    seen = []
+
+    def on_step(loss):
+        seen.append(loss)
+        if len(seen) == step:
+            raise Interrupted
+    return on_step

@@ -9,11 +9,14 @@ import pytest
 from keras_side.spec import TrainConfig
 from native import driver
 from native.checkpoint import Checkpoints
+from tests.native.loops import Interrupted, interrupt_at
 
 
 class Scripted(driver.Engine):
     """Steps that set the weights to the step's number and return the losses it was given; a validation loss per
     epoch from `val_losses`; every call logged."""
+
+    validates = True
 
     def __init__(self, val_losses=(), rows=(4, 4, 2)):
         self.model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
@@ -62,21 +65,20 @@ def test_early_stopping_restores_the_best_epochs_weights():
     assert weight(engine) == 6.0  # the second epoch's last step
 
 
+def test_an_engine_without_validation_rows_is_never_asked_to_validate():
+    """The launchers and the many-model trainers have no validation rows: the spec's validation and early stopping
+    do not reach them (the launchers' command lines refuse both: `native.preflight`)."""
+    class Unvalidated(Scripted):
+        validates = False
+
+    engine = Unvalidated()
+    curves, seconds, _ = driver.run(engine, TrainConfig(epochs=3, patience=1))
+    assert curves["val_loss"] == [] and len(seconds) == 3 and "validate" not in engine.log
+
+
 def test_only_the_first_epoch_run_has_its_steps_timed():
     _, _, steps = driver.run(Scripted(), TrainConfig(epochs=3, validate=False), time_steps=True)
     assert [rows for rows, _ in steps] == [4, 4, 2] and all(seconds >= 0 for _, seconds in steps)
-
-
-class Interrupted(Exception):
-    pass
-
-
-def interrupt_at(number: float):
-    """An `on_step` that ends the run at the step whose loss is `number`, as a crash would."""
-    def on_step(loss):
-        if loss == number:
-            raise Interrupted
-    return on_step
 
 
 def test_a_resumed_run_reads_the_engine_and_goes_on_after_its_checkpoint(har, tmp_path):
@@ -84,7 +86,7 @@ def test_a_resumed_run_reads_the_engine_and_goes_on_after_its_checkpoint(har, tm
     first, again = Scripted(), Scripted()
     with pytest.raises(Interrupted):  # the run ends in its third epoch, two epochs on disk
         driver.run(first, cfg, saved=Checkpoints(tmp_path, first.model, har, cfg, "any", "scripted"),
-                   on_step=interrupt_at(7.0))
+                   on_step=interrupt_at(7))
     saved = Checkpoints(tmp_path, again.model, har, cfg, "any", "scripted", resume=True)
     curves, seconds, _ = driver.run(again, cfg, saved=saved)
     assert ("read", 6) in again.log and again.log[-1] == ("batches", 2)  # the third epoch only

@@ -239,24 +239,3 @@ def test_a_ranks_engine_and_its_reducer_are_freed_when_its_run_ends(har, tmp_pat
     finally:
         gc.enable()
         dist.destroy_process_group()
-
-
-def test_the_fast_engine_is_freed_when_its_run_ends(har):
-    """The same for one process's engine (`fast.FastSteps`): its model, optimizer and compiled step go with it."""
-    import gc
-    import weakref
-
-    from keras_side import models
-    from native import driver
-
-    gc.disable()
-    try:
-        cfg = TrainConfig(epochs=1)
-        engine = fast.FastSteps(models.ensure_built(models.har(), har.x_train), har, cfg, compile=False,
-                                looked_in=False)
-        driver.run(engine, cfg)
-        freed = weakref.ref(engine)
-        del engine
-        assert freed() is None
-    finally:
-        gc.enable()

@@ -13,7 +13,7 @@ from keras_side.spec import SpecError, TrainConfig
 from keras_side.zoo import ZOO
 from native.torch import fast, loop
 from native.torch import compiled as torch_compiled
-from tests.native.loops import flat
+from tests.native.loops import Interrupted, flat, interrupt_at
 from tests.tiers import rows
 
 
@@ -176,10 +176,6 @@ def test_the_fast_loop_takes_a_users_arrays_and_refuses_a_loader_in_one_line():
             paths.get(name).train(fresh_users_model(), Unread(), cfg)
 
 
-class Interrupted(Exception):
-    """Raised from an `on_step`: the run ends mid-epoch, as a crash would, its checkpoints on disk."""
-
-
 def test_the_drivers_epochs_stop_resume_and_report_as_the_reference_loops_do(har, tmp_path):
     """The fast loop's epochs are the driver's (`native.driver.run`), not the reference loop's, so each thing the
     driver does is checked against the reference loop, to the bit: early stopping with the best weights restored,
@@ -205,20 +201,35 @@ def test_the_drivers_epochs_stop_resume_and_report_as_the_reference_loops_do(har
         np.testing.assert_array_equal(mine, want)  # the best epoch's, restored
 
     cfg = TrainConfig(epochs=3, batch_size=256, seed=3)  # 9 steps an epoch: the run ends in its third epoch
-    steps = []
-
-    def crash(loss):
-        steps.append(loss)
-        if len(steps) == 22:
-            raise Interrupted
-
     seed_everything(cfg.seed)
     whole = loop.train(stateful_mlp(), har, cfg)
     seed_everything(cfg.seed)
     with pytest.raises(Interrupted):
-        fast.train(stateful_mlp(), har, cfg, checkpoint=tmp_path, on_step=crash)
+        fast.train(stateful_mlp(), har, cfg, checkpoint=tmp_path, on_step=interrupt_at(22))
     seed_everything(cfg.seed)
     resumed = fast.train(stateful_mlp(), har, cfg, checkpoint=tmp_path, resume=True)
     for mine, want in zip(resumed.weights, whole.weights, strict=True):
         np.testing.assert_array_equal(mine, want)  # BatchNorm's statistics and the Dropout's seed state too
     assert resumed.train_loss == whole.train_loss and resumed.val_loss == whole.val_loss
+
+
+def test_the_fast_engine_is_freed_when_its_run_ends(har):
+    """No reference cycle keeps the engine (its model, optimizer and compiled step) alive after its run: it goes with
+    its last reference (DDP's engine: tests/native/torch/test_ddp.py, where a cycle aborted a rank)."""
+    import gc
+    import weakref
+
+    from keras_side import models
+    from native import driver
+
+    gc.disable()
+    try:
+        cfg = TrainConfig(epochs=1)
+        engine = fast.FastSteps(models.ensure_built(models.har(), har.x_train), har, cfg, compile=False,
+                                looked_in=False)
+        driver.run(engine, cfg)
+        freed = weakref.ref(engine)
+        del engine
+        assert freed() is None
+    finally:
+        gc.enable()
