@@ -2,6 +2,8 @@
 inputs and outputs against the data, class labels its loss can take, no stateful recurrent layer."""
 from __future__ import annotations
 
+import warnings
+
 from keras_side.arrays import take
 from keras_side.spec import SpecError, TrainConfig
 
@@ -119,3 +121,16 @@ def _output_widths(model, x) -> list[int] | None:
     except Exception:  # any error of the model's own: the training that follows raises it where it belongs
         return None
     return [s.shape[-1] for s in (spec if isinstance(spec, (list, tuple)) else [spec])]
+
+
+def warn_unseeded(model) -> None:
+    """On torch, a warning naming a layer that drops out unseeded: Keras draws its masks from torch's global
+    generator, which `fit`'s data loader draws from too, so this loop's masks (and weights) are not `fit`'s."""
+    from keras_side.internals import global_generator_layers
+
+    unseeded = global_generator_layers(model)
+    if unseeded:
+        warnings.warn(f"layer {unseeded[0].name!r} drops out unseeded: on torch, Keras draws its masks from torch's "
+                      "global generator, which fit's data loader draws from too, so this loop's masks (and weights) "
+                      "are not fit's; give it a seed (Dropout(rate, seed=...), LSTM(..., seed=...)) to train as fit "
+                      "does", stacklevel=3)

@@ -51,7 +51,7 @@ def ols(train: pd.DataFrame, test: pd.DataFrame | None, features: tuple[str, ...
     )
 
 
-def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None, features=HAR,
+def ols_for(panel: pd.DataFrame, asset: str, split: str, end: str | None = None, features=HAR,
             validation: str = DEFAULT_VALIDATION) -> Ols:
     """OLS on the rows the models train on (`compare.data.panel.split_three`: the validation year left out, unless
     `validation="test"`)."""

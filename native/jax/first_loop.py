@@ -55,12 +55,12 @@ def main():
             rows = order[start:start + BATCH_SIZE]
             state, loss = train_step(*state, x[rows], y[rows])
         print(f"epoch {epoch + 1}: last batch's loss {float(loss):.4f}")
-
-    # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
     for variable, value in zip(model.trainable_variables + model.non_trainable_variables, state[0] + state[1]):
         variable.assign(value)  # the trained state back into the Keras model
+
+    # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
     _, slopes = data.scaling.to_original(*model.get_weights())  # from the kernel and bias
-    ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT, None)
+    ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT)
     print("slopes (d1, s5, m22):", slopes.round(3), " OLS:", ols.slopes.round(3))
     return model, data
 

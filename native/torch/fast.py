@@ -21,7 +21,7 @@ import torch
 from torch._dynamo.utils import counters  # dynamo's tally, which `compiled.one_graph` reads: no public one
 
 from keras_side.arrays import as_tuple, keras_inputs, take
-from keras_side.checks import check_data
+from keras_side.checks import check_data, warn_unseeded
 from keras_side.data import as_whole_arrays, batch_slices, verb_inputs
 from keras_side.losses import as_fit_shapes, verb_loss
 from keras_side.metrics import EpochMetrics
@@ -33,7 +33,7 @@ from native.checkpoint import Checkpoints
 from native.torch import checkpoint as torch_checkpoint
 from native.torch import compiled
 from native.torch.bypass import forward
-from native.torch.loop import batch_orders, tensors, warn_unseeded
+from native.torch.loop import batch_orders, tensors
 from native.torch.losses import mse, spec_loss
 from native.torch.step import Updates, through_autograd
 

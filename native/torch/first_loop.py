@@ -56,7 +56,7 @@ def main():
 
     # 6. The answer: the slopes in log-RV units, beside least squares' on the same rows
     _, slopes = data.scaling.to_original(*model.get_weights())  # from the kernel and bias
-    ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT, None)
+    ols = reference.ols_for(prices, data.asset, panel.DEFAULT_SPLIT)
     print("slopes (d1, s5, m22):", slopes.round(3), " OLS:", ols.slopes.round(3))
     return model, data
 

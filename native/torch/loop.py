@@ -12,16 +12,14 @@ to end on this loop's weights.
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 import torch
 
 from keras_side.arrays import first, keras_inputs, take
 from keras_side.callbacks import EarlyStopping
-from keras_side.checks import check_data
+from keras_side.checks import check_data, warn_unseeded
 from keras_side.data import Batches, as_data, batch_parts, batch_slices, numpy_orders, verb_inputs
-from keras_side.internals import global_generator_layers
 from keras_side.losses import as_fit_shapes, training_loss, verb_loss
 from keras_side.metrics import EpochMetrics
 from keras_side.models import ensure_built, state_kept
@@ -117,7 +115,7 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     """
     data, cfg = as_data(model, data, cfg, validation_data)  # fit: your arrays or DataLoader, as given
     check_data(cfg, data, ensure_built(model, data.x_train))
-    warn_unseeded(model)
+    warn_unseeded(model)  # fit: an unseeded Dropout on torch draws from the generator fit's loader draws from
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler, clip = optim.build(params, cfg)  # fit: Keras's own update rule, as a torch.optim.Optimizer
     loss_fn, metrics = training_loss(cfg), EpochMetrics(cfg)
@@ -154,17 +152,6 @@ def train(model, data, cfg: TrainConfig, *, validation_data=None, progress=None,
     test_pred = None if data.x_test is None else predict(model, data.x_test)  # a loader's batches: no test rows
     return Result.from_training("torch-native", "torch", model.get_weights(), data, cfg, curves["loss"],
                                 curves["val_loss"], test_pred, sum(epoch_seconds), metrics=metrics.history)
-
-
-def warn_unseeded(model) -> None:
-    """A warning naming a layer that drops out unseeded: on torch, Keras draws its masks from torch's global
-    generator, which `fit`'s data loader draws from too, so this loop's masks (and weights) are not `fit`'s."""
-    unseeded = global_generator_layers(model)
-    if unseeded:
-        warnings.warn(f"layer {unseeded[0].name!r} drops out unseeded: on torch, Keras draws its masks from torch's "
-                      "global generator, which fit's data loader draws from too, so this loop's masks (and weights) "
-                      "are not fit's; give it a seed (Dropout(rate, seed=...), LSTM(..., seed=...)) to train as fit "
-                      "does", stacklevel=3)
 
 
 def tensors(x, device, dtype: str | None = None):

@@ -2,6 +2,7 @@
 reference loop's weights, to the bit, and near OLS's slopes. Its shape is checked engine-free:
 tests/compare/test_lesson.py."""
 import importlib
+import re
 
 import numpy as np
 
@@ -9,6 +10,7 @@ from compare.referee.tolerances import SLOPE_ATOL
 from keras_side import models
 from keras_side.determinism import seed_everything
 from keras_side.spec import TrainConfig
+from tests.conftest import REPO
 from tests.native.conftest import ENGINE
 from tests.native.loops import loop
 
@@ -25,3 +27,6 @@ def test_the_first_loop_is_the_reference_loop_on_the_har(ols_fit, capsys):
     _, slopes = data.scaling.to_original(*model.get_weights())
     np.testing.assert_allclose(slopes, ols_fit.slopes, atol=SLOPE_ATOL, rtol=0)
     assert f"epoch {first_loop.EPOCHS}:" in printed and "OLS:" in printed
+    if ENGINE == "torch":  # docs/lesson.md prints torch's answer line: this run's, as it prints it
+        shown = re.search(r"```text\n(slopes .*)\n```", (REPO / "docs" / "lesson.md").read_text()).group(1)
+        assert shown in printed.splitlines(), (shown, printed.splitlines()[-1])
