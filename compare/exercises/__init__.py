@@ -2,11 +2,13 @@
 
     python -m compare.exercises            # every exercise: which ones your steps pass
     python -m compare.exercises 3          # one, with loop_parity's report when it fails
+    python -m compare.exercises 3 --steps my_steps   # your copy of the steps, ./my_steps.py
 
-Each broken step is in `compare/exercises/steps.py`; edit it there, run the check, repeat. The check is `loop_parity`
-(`compare.parity.assert_loop_matches_fit`): your step, on its engine, against `fit`, step by step, on 64 rows of the
-HAR in batches of 16 (the last one short). docs/exercises.md says what each exercise is about, and gives the answers
-(`compare/exercises/answers.py`, which the tests check pass).
+Each broken step is in `compare/exercises/steps.py`: copy it into a module of your own, fix it there, run the check,
+repeat (the package's copy stays broken: the tests check that `loop_parity` catches each). The check is `loop_parity`
+(`compare.parity.assert_loop_matches_fit`): your step, on its engine, against `fit`, step by step, on the first rows
+of the HAR (64; exercise 4's 60, whose last batch is short) in batches of 16. docs/exercises.md says what each
+exercise is about, and gives the answers (`compare/exercises/answers.py`, which the tests check pass).
 """
 from __future__ import annotations
 
@@ -32,8 +34,18 @@ EXERCISES = {
     5: Exercise("Adam's epsilon", "torch", "keras_side.models:har", "torch_step_5", spec={"epsilon": 1e-3},
                 optimizer="torch_adam_5"),
     6: Exercise("a mean, not a sum", "torch", "keras_side.models:har", "torch_step_6", spec={"optimizer": "sgd"}),
+    7: Exercise("the random state", "jax", "keras_side.models:dropout_mlp", "jax_step_3"),  # exercise 3's step
+    8: Exercise("the constraints", "torch", "compare.exercises:har_max_norm", "torch_step_8"),
 }
 BATCH_SIZE, EPOCHS = 16, 2
+
+
+def har_max_norm():
+    """Exercise 8's model: the HAR with its kernel held to a norm of at most 0.5 (`keras.constraints.MaxNorm`)."""
+    import keras
+
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_constraint=keras.constraints.MaxNorm(0.5),
+                                                                   name="har")], name="har_max_norm")
 
 
 def batch(rows: int):
@@ -44,13 +56,14 @@ def batch(rows: int):
     return data.x_train[:rows], data.y_train[:rows]
 
 
-def check(number: int, module: str = "compare.exercises.steps", pool=None) -> None:
-    """Run exercise `number`'s step (from `module`) through `loop_parity`: returns when it trains as `fit` does,
-    raises AssertionError with the report where it parts."""
+def check(number: int, module: str = "compare.exercises.steps", pool=None, spec: dict | None = None) -> None:
+    """Run exercise `number`'s step (from `module`) through `loop_parity`, with `spec`'s fields over the exercise's:
+    returns when it trains as `fit` does, raises AssertionError with the report where it parts."""
     from compare.parity import assert_loop_matches_fit
 
     exercise = EXERCISES[number]
     x, y = batch(exercise.rows)
     optimizer = f"{module}:{exercise.optimizer}" if exercise.optimizer else None
     assert_loop_matches_fit(exercise.build, f"{module}:{exercise.step}", x, y, engine=exercise.engine,
-                            spec=exercise.spec, optimizer=optimizer, epochs=EPOCHS, batch_size=BATCH_SIZE, pool=pool)
+                            spec={**exercise.spec, **(spec or {})}, optimizer=optimizer, epochs=EPOCHS,
+                            batch_size=BATCH_SIZE, pool=pool)

@@ -1,6 +1,7 @@
-"""The exercises' training steps, each with one thing `fit` does left out: fix them here, then check them with
-`python -m compare.exercises N` (docs/exercises.md). Each engine's worker imports this module, so each step imports
-its engine inside itself.
+"""The exercises' training steps, each with one thing `fit` does left out. Copy this file into a module of your own
+(`cp compare/exercises/steps.py my_steps.py`), fix the steps there, and check them with `python -m compare.exercises N
+--steps my_steps` (docs/exercises.md); this copy stays broken, for the tests. Each engine's worker imports the
+module, so each step imports its engine inside itself.
 
 A torch step is `step(model, optimizer, x, y) -> loss`; a JAX one is `make_step(model, optimizer) -> step(state, x,
 y) -> (state, loss, grads)`, pure, with `state = (trainable, non_trainable, opt_state)` (docs/parity.md).
@@ -90,6 +91,18 @@ def torch_step_6(model, optimizer, x, y):
 
     y_pred = model(x, training=True)
     loss = torch.sum((y_pred - y) ** 2)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def torch_step_8(model, optimizer, x, y):
+    """Exercise 8, on the HAR with a max-norm constraint on its kernel (`compare.exercises:har_max_norm`)."""
+    import torch
+
+    y_pred = model(x, training=True)
+    loss = torch.mean((y_pred - y) ** 2)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
