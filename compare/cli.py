@@ -35,7 +35,7 @@ def _data_options(p: argparse.ArgumentParser, asset_help: str = f"asset to model
     if validation:
         p.add_argument("--validation", choices=panel.VALIDATIONS, default=panel.DEFAULT_VALIDATION,
                        help="the validation split: the year before --split, left out of training (default), or the "
-                       "test split itself, training on every day before --split (the lesson's test-set curve)")
+                       "test split itself, training on every day before --split (a train/test curve)")
 
 
 def _train_options(p: argparse.ArgumentParser, default: str = str(TrainConfig.epochs)) -> None:

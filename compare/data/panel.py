@@ -2,7 +2,7 @@
 
     validate schema -> log RV -> HAR features (d1, s5, m22, lev: all known the evening before)
     -> date split (train < split <= test) -> the validation rows: the last year before the split, carved out of
-    training (or, with validation="test", the test split itself: the lesson's curve)
+    training (or, with validation="test", the test split itself: a train/test curve)
     -> standardize with TRAINING statistics only -> HarData
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ DEFAULT_DATA_SEED = 0
 # Below this a side of the split cannot carry a 22-day window, four coefficients and a validation curve.
 MIN_ROWS_PER_SIDE = 50
 # Where the validation curve is measured: "last-year", the year before the split, which training then leaves out
-# (the test split stays untouched until the final report); or "test", the test split itself, as the lesson plots it.
+# (the test split stays untouched until the final report); or "test", the test split itself, as a train/test curve plots it.
 VALIDATIONS = ("last-year", "test")
 DEFAULT_VALIDATION = "last-year"
 
@@ -216,7 +216,7 @@ def split_three(design: pd.DataFrame, split: str, end: str | None,
                 validation: str = DEFAULT_VALIDATION) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(train, validation, test) rows: `split_dates`, then the validation rows. With "last-year" they are the year
     before the split date, [split - 1 year, split), which training then leaves out; with "test" training keeps every
-    row before the split and the validation rows are the test split (the lesson's test-set curve)."""
+    row before the split and the validation rows are the test split (a train/test curve)."""
     if validation not in VALIDATIONS:
         raise HarDataError(f"unknown validation {validation!r}; --validation takes {' or '.join(VALIDATIONS)}")
     train, test = split_dates(design, split, end)

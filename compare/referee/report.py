@@ -134,7 +134,7 @@ def with_compile(seconds: str, compile_seconds: float | None) -> str:
 
 
 def print_paths_table(ols: Ols, results: dict[str, Result], data: HarData) -> None:
-    """The lesson's table: OLS and each path; slopes in original units, test MSE, train time (`train_seconds`)."""
+    """The paths' table: OLS and each path; slopes in original units, test MSE, train time (`train_seconds`)."""
     table = Table("path", *data.features, "test MSE", "vs OLS", "train s", title=f"HAR on {data.asset!r}",
                   title_justify="left")
     table.add_row("OLS", *(f"{s:.4f}" for s in ols.slopes), f"{ols.test_mse:.4f}", "", "", style="bold")
@@ -148,7 +148,7 @@ CURVE_EPOCHS = (1, 2, 3, 5, 10, 20, 40)
 
 
 def print_curves(results: dict[str, Result], data: HarData, ols: Ols | None) -> None:
-    """Validation loss (MSE in original units for the HAR) at the lesson's epochs, and OLS's on the same rows."""
+    """Validation loss (MSE in original units for the HAR) at `CURVE_EPOCHS`, and OLS's on the same rows."""
     epochs = [e for e in CURVE_EPOCHS if any(len(r.val_loss) >= e for r in results.values())]
     where = "the year before the split" if data.validation == "last-year" else "the test split"
     title = (f"validation {'MSE' if ols else 'loss'} by epoch, on {where} ({data.n_val:,} rows"

@@ -52,6 +52,7 @@ def test_a_loop_uses_public_api_only(engine, name):
     attributes = [n.attr for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute) and n.attr[0] == "_"]
     assert private == [] and attributes == []
     assert not native_modules(text) & FAST_MODULES
+    assert "keras_side.internals" not in text and "import internals" not in text  # not even through our one module
 
 
 def native_modules(text: str) -> set[str]:
@@ -104,10 +105,11 @@ def test_the_reference_loops_have_one_shape():
     for engine in ENGINES:
         names = top_level(source(engine, "loop"))
         assert [n for n in names if n in SHARED] == SHARED, engine
-    signatures = {engine: ast.unparse(next(n.args for n in ast.parse(source(engine, "loop")).body
-                                           if isinstance(n, ast.FunctionDef) and n.name == "train"))
-                  for engine in ENGINES}
-    assert len(set(signatures.values())) == 1, signatures
+    for verb in ("train", "grad_at", "predict"):  # the verbs take the same arguments everywhere (docs/lesson.md)
+        signatures = {engine: ast.unparse(next(n.args for n in ast.parse(source(engine, "loop")).body
+                                               if isinstance(n, ast.FunctionDef) and n.name == verb))
+                      for engine in ENGINES}
+        assert len(set(signatures.values())) == 1, (verb, signatures)
 
 
 def sections(text: str) -> list[str]:
@@ -131,3 +133,13 @@ def test_the_first_loops_differ_only_where_the_engine_does():
         changed = sum(1 for d in difflib.ndiff(torch.splitlines(), other.splitlines())
                       if d.startswith("+ ") and d[2:].strip())
         assert changed <= ENGINE_LINES, (engine, changed)
+
+
+def test_the_lessons_gaps_are_the_zoos():
+    """docs/lesson.md's appendix quotes, for each item of `fit`, the zoo's `native` row of the model it names."""
+    zoo = (REPO / "docs" / "zoo.md").read_text()
+    native = {m: [t, j, tf] for m, t, j, tf in re.findall(r"^\| (\w+) \| native \| (\S+) \| (\S+) \| (\S+) \|$", zoo,
+                                                           re.M)}
+    quoted = re.findall(r"\| ([^|]+) \((\w+)\) \|$", (REPO / "docs" / "lesson.md").read_text(), re.M)
+    named = [(cells.split(", "), model) for cells, model in quoted if model in native]
+    assert len(named) >= 8 and all(cells == native[model] for cells, model in named), named

@@ -1,8 +1,11 @@
 """The README's and docs' code: every Python block runs as written, in a fresh process of its engine (a block that
 starts with `# snippet: <engine>`), or in the test it names (`# run by tests/...py: ...`, which reads it from the
-page), or is an excerpt (`# excerpt: <file>`), found line for line in that file, so it cannot go stale."""
+page), or is an excerpt (`# excerpt: <file>`), found line for line in that file, so it cannot go stale. Every other
+block says what it is: `bash`, commands whose programs, modules, make targets and `native-loops` options exist (they
+are parsed here, not run), or `text`, an output or a usage line, not run."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -17,6 +20,8 @@ SNIPPETS = [(page, *re.match(r"# snippet: (\w+)\n(.*)", code, re.S).groups()) fo
             if code.startswith("# snippet: ")]
 EXCERPTS = [(page, *re.match(r"# excerpt: (\S+)\n(.*)", code, re.S).groups()) for page, code in BLOCKS
             if code.startswith("# excerpt: ")]
+FENCES = [(page.relative_to(REPO).as_posix(), lang, code) for page in PAGES
+          for lang, code in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.M | re.S)]
 
 
 def test_the_embedding_page_has_a_snippet_per_engine():
@@ -26,6 +31,37 @@ def test_the_embedding_page_has_a_snippet_per_engine():
 def test_every_page_is_linked_from_the_readme():
     readme = (REPO / "README.md").read_text()
     assert [p.name for p in PAGES[1:] if f"docs/{p.name}" not in readme] == []
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(page) -> list[str]:
+    """The page's relative links whose file, or whose #anchor in it, is not there."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # not the code blocks
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md":
+            headings = {slug(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
+            broken += [target] if anchor not in headings else []
+    return broken
+
+
+def test_every_link_resolves():
+    assert {p.name: broken_links(p) for p in PAGES if broken_links(p)} == {}
+
+
+def test_a_broken_link_is_found(tmp_path):
+    (tmp_path / "a.md").write_text("# A page: `x`\n[ok](a.md#a-page-x) [no](b.md) [gone](a.md#b) [web](https://x.y)\n")
+    assert broken_links(tmp_path / "a.md") == ["b.md", "a.md#b"]
 
 
 def test_every_python_block_runs_or_is_an_excerpt():
@@ -67,3 +103,61 @@ def test_an_excerpt_that_changed_is_not_found():
     lines = ["def f(x):", "    y = x + 1", "", "    return y"]
     assert found_in(["y = x + 1", "", "return y"], lines)
     assert not found_in(["y = x + 2", "", "return y"], lines) and not found_in(["return y", "y = x + 1"], lines)
+
+
+def test_every_block_says_what_it_is():
+    assert [(page, code.splitlines()[0]) for page, lang, code in FENCES if lang not in ("python", "bash", "text")] == []
+
+
+def commands(code: str) -> list[list[str]]:
+    """A bash block's commands as words: continued lines joined, comments and leading VAR=value assignments dropped."""
+    found = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        while words and re.match(r"^\w+=", words[0]):
+            words = words[1:]
+        if words:
+            found.append(words)
+    return found
+
+
+COMMANDS = [(page, words) for page, lang, code in FENCES if lang == "bash" for words in commands(code)]
+TARGETS = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
+
+
+def module_exists(name: str) -> bool:
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+
+
+def command_problem(words: list[str]) -> str | None:
+    """What is wrong with a documented command, or None: its program, module, make target or CLI options."""
+    program, args = os.path.basename(words[0]), words[1:]
+    if program == "make":
+        return None if all(a in TARGETS or "=" in a for a in args) else f"no make target among {args}"
+    if program == "cp":
+        return None if (REPO / args[0]).is_file() else f"no file {args[0]}"
+    if program == "native-loops":
+        from compare import cli
+
+        try:
+            cli.parser().parse_args(args)
+        except SystemExit:
+            return f"native-loops refuses {args}"
+        return None
+    if program in ("python", "python3", "torchrun") and "-m" in args:
+        module = args[args.index("-m") + 1]
+        return None if module_exists(module) else f"no module {module}"
+    return f"a program these docs do not use: {program}"
+
+
+@pytest.mark.parametrize("page, words", COMMANDS, ids=[f"{p}:{i}" for i, (p, _) in enumerate(COMMANDS)])
+def test_a_documented_command_exists(page, words):
+    assert command_problem(words) is None, (page, " ".join(words), command_problem(words))
+
+
+def test_a_command_that_went_stale_is_found():
+    assert command_problem(["make", "tests"]) and command_problem(["python", "-m", "native.torch.loops"])
+    assert command_problem([".venv/bin/native-loops", "zoo", "--modles", "lstm"])  # a misspelt option
+    assert command_problem(["cp", "compare/exercises/step.py", "x.py"]) and command_problem(["pip", "install", "x"])
+    assert command_problem(["make", "test"]) is None and command_problem(["python", "-m", "compare.exercises"]) is None
