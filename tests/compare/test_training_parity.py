@@ -194,7 +194,7 @@ def test_the_documented_report_is_this_codes():
                                 optimizer=parity_loops.torch_adam, spec=WIDE_EPSILON, **FAST)
     printed = rounded(str(err.value))
     page = rounded((REPO / "docs" / "parity.md").read_text())
-    assert f"```\n{printed}\n```" in page
+    assert f"```text\n{printed}\n```" in page
     readme = rounded((REPO / "README.md").read_text())
     quoted = [ln for ln in printed.splitlines() if ln.startswith(("torch/own parts", "first stage", "stages"))]
     assert "\n".join(quoted) in readme
