@@ -100,16 +100,20 @@ def ols_fit(panel):
 # `make test` hands whole files to its xdist workers in this order (--no-loadscope-reorder: by default xdist puts the
 # files with the most tests first, which sent test_distributed.py and test_zoo.py last). The files that take longest
 # go first, so that none of them starts last and leaves the other worker idle (longest first); the rest keep their
-# order. Seconds each took on 2 cores (`--durations`, summed per file; an AMD EPYC, 2026-12), engine-free: 124, 100,
-# 67, 55, 46, 43, 36, 24; then the engine files in the order of their longest tier (JAX, TensorFlow, torch): 110, 96,
-# 81, 79, 75, 73, 69, 38, 32, 25, 19, 19, 18. A stale list costs only time.
-LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_verdict.py", "compare/test_distributed.py",
-                 "compare/test_training_parity.py", "compare/test_zoo.py", "compare/test_parity.py",
-                 "compare/test_bench.py", "compare/test_walk_forward.py", "compare/test_seeds.py",
-                 "native/test_loops.py", "native/tensorflow/test_mirrored.py", "native/torch/test_compile.py",
-                 "native/test_checkpoint.py", "native/jax/test_many.py", "native/torch/test_ddp.py",
-                 "native/jax/test_sharded.py", "native/jax/test_convolution.py", "native/test_optim.py",
-                 "native/jax/test_loop.py", "keras_side/test_determinism.py", "keras_side/test_models.py"]
+# order. The files of 5 s or more, by the seconds each took in a fresh clone's `make test` on 2 cores (`--durations`,
+# summed per file; an engine file by its longest engine; 2026-12-06): 95, 76, 67 (engine-free), 59, 50, 49 (torch,
+# torch, TensorFlow) ... down to 5. Each pytest run sorts its own files by it. A stale list costs only time.
+LONGEST_FIRST = ["compare/test_compare_cli.py", "compare/test_training_parity.py", "compare/test_parity.py",
+                 "native/torch/test_compile.py", "native/torch/test_ddp.py", "native/tensorflow/test_mirrored.py",
+                 "native/test_loops.py", "compare/test_distributed.py", "compare/test_bench.py",
+                 "compare/test_verdict.py", "compare/test_readme.py", "native/jax/test_many.py",
+                 "native/jax/test_sharded.py", "compare/test_zoo.py", "compare/test_walk_forward.py",
+                 "compare/test_launchers.py", "native/torch/test_fast.py", "native/test_checkpoint.py",
+                 "compare/test_seeds.py", "native/jax/test_convolution.py", "native/jax/test_scan.py",
+                 "native/jax/test_pure.py", "keras_side/test_fit.py", "native/test_inputs.py",
+                 "native/torch/test_host.py", "compare/test_exercises.py", "compare/test_stops.py",
+                 "native/torch/test_module.py", "keras_side/test_determinism.py", "compare/test_children.py",
+                 "keras_side/test_models.py", "keras_side/test_backend.py"]
 
 
 def pytest_collection_modifyitems(config, items):
