@@ -1,7 +1,8 @@
 """Every Keras internal this package uses (a `keras.src` module, an underscore attribute), each with why.
 
-Keras promises its public API (`keras.*`), not these. The reference loops (`native/<engine>/loop.py`) use none;
-the fast paths and a few checks do, through this module only, so that a Keras release that moves one breaks here,
+Keras promises its public API (`keras.*`), not these. The reference loops (`native/<engine>/loop.py`) name none
+(`tests/compare/test_lesson.py`); the fast paths, and the checks and model helpers of `keras_side` that every path
+calls (`checks`, `models`), do, through this module only, so that a Keras release that moves one breaks here,
 by name: `tests/keras_side/test_internals.py` asks each of them of the installed Keras and fails with a message
 naming the Keras version. Engine-free: the engine's own Keras modules are the ones Keras loaded for its backend.
 """

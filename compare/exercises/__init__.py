@@ -27,15 +27,15 @@ class Exercise:
 
 
 EXERCISES = {
-    1: Exercise("the regularizers", "torch", "keras_side.models:mlp_l2", "torch_step_1"),
-    2: Exercise("the training flag", "torch", "keras_side.models:dropout_mlp", "torch_step_2"),
-    3: Exercise("the state a pure step returns", "jax", "keras_side.models:bn_mlp", "jax_step_3"),
-    4: Exercise("the short last batch", "torch", "keras_side.models:bn_mlp", "torch_step_4", rows=60),
-    5: Exercise("Adam's epsilon", "torch", "keras_side.models:har", "torch_step_5", spec={"epsilon": 1e-3},
+    1: Exercise("a model with penalties", "torch", "keras_side.models:mlp_l2", "torch_step_1"),
+    2: Exercise("a model with Dropout", "torch", "keras_side.models:dropout_mlp", "torch_step_2"),
+    3: Exercise("a pure step on BatchNorm", "jax", "keras_side.models:bn_mlp", "jax_step_3"),
+    4: Exercise("one shape for every batch", "torch", "keras_side.models:bn_mlp", "torch_step_4", rows=60),
+    5: Exercise("torch's own Adam", "torch", "keras_side.models:har", "torch_step_5", spec={"epsilon": 1e-3},
                 optimizer="torch_adam_5"),
-    6: Exercise("a mean, not a sum", "torch", "keras_side.models:har", "torch_step_6", spec={"optimizer": "sgd"}),
-    7: Exercise("the random state", "jax", "keras_side.models:dropout_mlp", "jax_step_3"),  # exercise 3's step
-    8: Exercise("the constraints", "torch", "compare.exercises:har_max_norm", "torch_step_8"),
+    6: Exercise("the loss of a batch", "torch", "keras_side.models:har", "torch_step_6", spec={"optimizer": "sgd"}),
+    7: Exercise("a seeded Dropout on JAX", "jax", "keras_side.models:dropout_mlp", "jax_step_7"),
+    8: Exercise("a constrained kernel", "torch", "compare.exercises:har_max_norm", "torch_step_8"),
 }
 BATCH_SIZE, EPOCHS = 16, 2
 

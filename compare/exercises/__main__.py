@@ -3,11 +3,16 @@
 Copy the broken steps into a module of your own and fix them there (`cp compare/exercises/steps.py my_steps.py`, then
 `--steps my_steps`); without `--steps` the check runs the package's broken steps, which fail."""
 import argparse
-import importlib.util
+import importlib
 import json
+import re
 import sys
 
+from compare.errors import NativeLoopsError
 from compare.exercises import EXERCISES, check
+from keras_side.spec import SpecError, TrainConfig
+
+SET_BY_THE_CHECK = ("batch_size", "epochs", "batch_order", "validate", "patience", "metrics", "seed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,25 +29,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--spec", default=None, metavar="JSON",
                         help='spec fields over the exercise\'s own, e.g. \'{"optimizer": "adam"}\' (exercise 6)')
     args = parser.parse_args(argv)
-    wanted = args.numbers or [str(n) for n in EXERCISES]
-    unknown = [a for a in wanted if not a.isdigit() or int(a) not in EXERCISES]
+    unknown = [a for a in args.numbers if not re.fullmatch(r"[0-9]+", a) or int(a) not in EXERCISES]
     if unknown:
         parser.error(f"no exercise {unknown[0]!r}; choose among {', '.join(map(str, EXERCISES))}")
-    try:
-        found = importlib.util.find_spec(args.steps)
-    except ModuleNotFoundError:  # a parent package that is not there
-        found = None
-    if found is None:
-        parser.error(f"no module {args.steps!r} here; give --steps a module importable from this folder (my_steps "
-                     "for ./my_steps.py)")
-    try:
-        spec = json.loads(args.spec) if args.spec else {}
-    except json.JSONDecodeError:
-        spec = None
-    if not isinstance(spec, dict):
-        parser.error(f"--spec {args.spec!r} is not a JSON object; give e.g. '{{\"optimizer\": \"adam\"}}'")
+    wanted = list(dict.fromkeys(map(int, args.numbers))) or list(EXERCISES)
+    steps_module(parser, args.steps, wanted)
+    spec = spec_fields(parser, args.spec)
     failed = 0
-    for number in map(int, wanted):
+    for number in wanted:
         exercise = EXERCISES[number]
         try:
             check(number, args.steps, spec=spec)
@@ -51,9 +45,58 @@ def main(argv: list[str]) -> int:
             print(f"exercise {number} ({exercise.title}, {exercise.engine}): not yet fit's step")
             if len(wanted) == 1:
                 print(report)
+        except (NativeLoopsError, SpecError) as err:  # the step raised, returned what a step does not, or the spec
+            failed += 1
+            print(f"exercise {number} ({exercise.title}, {exercise.engine}): not checked: {err}")
         else:
             print(f"exercise {number} ({exercise.title}, {exercise.engine}): trains as fit does")
     return 1 if failed else 0
+
+
+def steps_module(parser: _Parser, name: str, wanted: list[int]) -> None:
+    """The module `--steps` names, importable from here, with every step (and optimizer) the exercises ask for; a
+    usage error otherwise."""
+    if name.endswith(".py") or "/" in name or "\\" in name:
+        module = re.sub(r"\.py$", "", name.replace("\\", "/").split("/")[-1])
+        parser.error(f"--steps takes a module name, not a file: give --steps {module}, from the folder that holds "
+                     f"{module}.py")
+    if not all(part.isidentifier() for part in name.split(".")):
+        parser.error(f"--steps {name!r} is not a module name (letters, digits and _ only); rename the file, e.g. "
+                     "my_steps.py")
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (name == err.name or name.startswith(err.name + ".")):
+            raise  # a module it imports is missing: the module's own error
+        parser.error(f"no module {name!r} here; give --steps a module importable from this folder (my_steps for "
+                     "./my_steps.py)")
+    except SyntaxError as err:
+        parser.error(f"{err.filename}:{err.lineno}: {err.msg}; fix the module --steps names")
+    needed = [n for number in wanted for n in (EXERCISES[number].step, EXERCISES[number].optimizer) if n]
+    missing = [n for n in needed if not hasattr(module, n)]
+    if missing:
+        parser.error(f"module {name!r} has no {', '.join(missing)}; copy it from compare/exercises/steps.py")
+
+
+def spec_fields(parser: _Parser, text: str | None) -> dict:
+    """`--spec`'s fields, a JSON object of TrainConfig fields other than those the check sets itself."""
+    if not text:
+        return {}
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        fields = None
+    if not isinstance(fields, dict):
+        parser.error(f"--spec {text!r} is not a JSON object; give e.g. '{{\"optimizer\": \"adam\"}}'")
+    fixed = [f for f in fields if f in SET_BY_THE_CHECK]
+    if fixed:
+        parser.error(f"--spec sets {', '.join(fixed)}, which the exercises fix (64 rows in batches of 16, 2 epochs, "
+                     "no validation); give other fields")
+    try:
+        TrainConfig.from_dict(fields)
+    except (SpecError, TypeError, ValueError) as err:
+        parser.error(f"--spec: {err}")
+    return fields
 
 
 if __name__ == "__main__":

@@ -97,6 +97,27 @@ def torch_step_6(model, optimizer, x, y):
     return loss
 
 
+def jax_step_7(model, optimizer):
+    """Exercise 7, on a model with a seeded Dropout(0.2) (`dropout_mlp`)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    model_state = [v.value for v in model.non_trainable_variables]  # the model's non-trainable values
+
+    def loss_fn(trainable, x, y):
+        y_pred, non_trainable = model.stateless_call(trainable, model_state, x, training=True)
+        return jnp.mean((y_pred - y) ** 2), non_trainable
+
+    def step(state, x, y):
+        trainable, _, opt_state = state
+        (loss, non_trainable), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return (optax.apply_updates(trainable, updates), non_trainable, opt_state), loss, grads
+
+    return step
+
+
 def torch_step_8(model, optimizer, x, y):
     """Exercise 8, on the HAR with a max-norm constraint on its kernel (`compare.exercises:har_max_norm`)."""
     import torch

@@ -41,7 +41,8 @@ CAUSES = {
                "an engine's own op), a random layer (each engine draws its own masks: compare paths within one "
                "engine), or another dtype",
     "loss": "another loss from the same weights: a reduction (a sum, a mean over another axis, the short last "
-            "batch), model.losses (the regularizers) left out, the model called without training=True, or another "
+            "batch), model.losses (the regularizers) left out, the model called without training=True, a random "
+            "layer's seed state not carried from step to step (JAX: the non_trainable the step was given), or another "
             "loss",
     "flag": "your step's loss is the objective in inference mode: the model called without training=True (or a "
             "layer with training=False, a BatchNorm left in inference mode), where fit calls it with training=True",

@@ -11,10 +11,12 @@ import pytest
 from compare.exercises import EXERCISES, check
 from tests.conftest import REPO
 
-STAGES = {1: "loss", 2: "loss", 3: "state", 4: "loss", 5: "update", 6: "loss", 7: "state", 8: "update"}  # the page's
+STAGES = {1: "loss", 2: "loss", 3: "state", 4: "loss", 5: "update", 6: "loss", 7: "loss", 8: "update"}  # the page's
 
 
-REPORT_RTOL = 1e-3  # the page's report lines against this run's: float32 training can round differently on another CPU
+# The page's report lines against this run's: the report prints |diff| and its allowance to 3 digits, and float32
+# training on another CPU or release can round them across a last digit (1.93e-05 for 1.94e-05 is 0.5%).
+REPORT_RTOL = 1e-2
 
 
 def shown_report(number: int) -> list[str]:
@@ -26,7 +28,7 @@ def shown_report(number: int) -> list[str]:
 
 def same_line(shown: str, line: str) -> bool:
     """The two lines' words are equal, numbers within REPORT_RTOL."""
-    a, b = shown.split(), line.split()
+    a, b = (re.sub(r"[()]", " ", text).split() for text in (shown, line))
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
@@ -49,7 +51,9 @@ def test_the_broken_step_is_caught_at_its_stage(number, grad_parity_pool):
 
 
 def test_a_report_line_that_changed_is_not_the_same():
-    assert same_line("loss   x  1.750699e+01  ()", "loss x 1.7507e+01 ()") and not same_line("loss x 17.5", "loss x 18.4")
+    assert same_line("loss   x  1.750699e+01  ()", "loss x 1.7507e+01 ()")
+    assert not same_line("loss x 17.5", "loss x 18.4")
+    assert same_line("(largest |diff| 0.00e+00)", "(largest |diff| 0.0)") and same_line("1.93e-05", "1.94e-05")
     assert not same_line("at step 1 of 8", "at step 4 of 8") and not same_line("a b", "a b c")
 
 
@@ -70,10 +74,14 @@ def test_a_sum_passes_under_adam(grad_parity_pool):
     check(6, "compare.exercises.steps", pool=grad_parity_pool, spec={"optimizer": "adam"})
 
 
-@pytest.mark.parametrize("args, says", [(["9"], "no exercise '9'"), (["1", "--steps", "no_such_steps"],
-                                                                          "no module 'no_such_steps' here"),
-                                         (["6", "--spec", "adam"], "--spec 'adam' is not a JSON object"),
-                                         (["--stpes", "x"], "unrecognized arguments")])
+@pytest.mark.parametrize("args, says", [
+    (["9"], "no exercise '9'"), (["²"], "no exercise '²'"),
+    (["1", "--steps", "no_such_steps"], "no module 'no_such_steps' here"),
+    (["1", "--steps", "./my_steps.py"], "give --steps my_steps"), (["1", "--steps", "my-steps"], "is not a module name"),
+    (["1", "--steps", "compare.exercises"], "has no torch_step_1; copy it"),
+    (["6", "--spec", "adam"], "--spec 'adam' is not a JSON object"),
+    (["6", "--spec", '{"epochs": 3}'], "sets epochs"),
+    (["6", "--spec", '{"optimizer": 3}'], "unknown optimizer 3"), (["--stpes", "x"], "unrecognized arguments")])
 def test_a_bad_command_is_one_line_and_exit_2(args, says):
     proc = subprocess.run([sys.executable, "-m", "compare.exercises", *args], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
@@ -88,5 +96,5 @@ def test_your_own_copy_of_the_steps_is_checked(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "compare.exercises", "1", "--steps", "my_steps"], cwd=tmp_path,
                           env=env, capture_output=True, text=True)
-    assert proc.returncode == 0 and "exercise 1 (the regularizers, torch): trains as fit does" in proc.stdout, (
+    assert proc.returncode == 0 and "exercise 1 (a model with penalties, torch): trains as fit does" in proc.stdout, (
         proc.stdout + proc.stderr)

@@ -38,9 +38,14 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def prose(page) -> str:
+    """The page without its code blocks (a `# comment` in one is not a heading, a `[x](y)` not a link)."""
+    return re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+
+
 def broken_links(page) -> list[str]:
     """The page's relative links whose file, or whose #anchor in it, is not there."""
-    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # not the code blocks
+    text = prose(page)
     broken = []
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if re.match(r"[a-z]+:", target):
@@ -50,7 +55,7 @@ def broken_links(page) -> list[str]:
         if not linked.exists():
             broken.append(target)
         elif anchor and linked.suffix == ".md":
-            headings = {slug(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
+            headings = {slug(h) for h in re.findall(r"^#+ (.*)$", prose(linked), re.M)}
             broken += [target] if anchor not in headings else []
     return broken
 
@@ -60,8 +65,9 @@ def test_every_link_resolves():
 
 
 def test_a_broken_link_is_found(tmp_path):
-    (tmp_path / "a.md").write_text("# A page: `x`\n[ok](a.md#a-page-x) [no](b.md) [gone](a.md#b) [web](https://x.y)\n")
-    assert broken_links(tmp_path / "a.md") == ["b.md", "a.md#b"]
+    (tmp_path / "a.md").write_text("# A page: `x`\n[ok](a.md#a-page-x) [no](b.md) [gone](a.md#b) [web](https://x.y)\n"
+                                   "[code](a.md#a-comment)\n```python\n# a comment\n```\n")
+    assert broken_links(tmp_path / "a.md") == ["b.md", "a.md#b", "a.md#a-comment"]
 
 
 def test_every_python_block_runs_or_is_an_excerpt():

@@ -15,6 +15,8 @@ from tests.native.conftest import ENGINE
 from tests.native.loops import loop
 
 first_loop = importlib.import_module(f"native.{ENGINE}.first_loop")
+# The slopes are printed to 3 decimals: another CPU or release may round one across its last digit (1e-3), no further.
+PRINTED_ATOL = 1.5e-3
 
 
 def test_the_first_loop_is_the_reference_loop_on_the_har(ols_fit, capsys):
@@ -27,6 +29,9 @@ def test_the_first_loop_is_the_reference_loop_on_the_har(ols_fit, capsys):
     _, slopes = data.scaling.to_original(*model.get_weights())
     np.testing.assert_allclose(slopes, ols_fit.slopes, atol=SLOPE_ATOL, rtol=0)
     assert f"epoch {first_loop.EPOCHS}:" in printed and "OLS:" in printed
-    if ENGINE == "torch":  # docs/lesson.md prints torch's answer line: this run's, as it prints it
+    if ENGINE == "torch":  # docs/lesson.md prints torch's answer line: this run's
         shown = re.search(r"```text\n(slopes .*)\n```", (REPO / "docs" / "lesson.md").read_text()).group(1)
-        assert shown in printed.splitlines(), (shown, printed.splitlines()[-1])
+        line = next(line for line in printed.splitlines() if line.startswith("slopes"))
+        numbers = [[float(v) for v in re.findall(r"-?\d+\.\d*", text)] for text in (shown, line)]
+        assert len(numbers[0]) == len(numbers[1]) == 6, (shown, line)
+        np.testing.assert_allclose(numbers[1], numbers[0], atol=PRINTED_ATOL, rtol=0)

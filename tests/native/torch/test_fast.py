@@ -42,8 +42,9 @@ def test_unseeded_dropout_draws_from_the_global_generator_that_fit_also_draws_fr
         gap = np.max(np.abs(trained(fast.train) - want))
     print(f"unseeded Dropout, other masks than fit's: gap {gap:.1e} after {cfg.epochs} epochs")
     assert gap > 1e-3
-    with pytest.warns(UserWarning, match="drops out unseeded"):
+    with pytest.warns(UserWarning, match="drops out unseeded") as said:
         np.testing.assert_array_equal(trained(fast.train, draws=2), want)
+    assert {w.filename for w in said if "unseeded" in str(w.message)} == {__file__}  # at train()'s caller
     assert internals.global_generator_layers(models.dropout_mlp()) == []  # seeded: its own generator, as in fit
     spatial = keras.Sequential([keras.Input((5, 2)), keras.layers.SpatialDropout1D(0.2)])  # a noise shape: Keras's
     assert internals.global_generator_layers(spatial) == []  # own generator, seeded or not
