@@ -77,7 +77,8 @@ def test_a_sum_passes_under_adam(grad_parity_pool):
 @pytest.mark.parametrize("args, says", [
     (["9"], "no exercise '9'"), (["²"], "no exercise '²'"),
     (["1", "--steps", "no_such_steps"], "no module 'no_such_steps' here"),
-    (["1", "--steps", "./my_steps.py"], "give --steps my_steps"), (["1", "--steps", "my-steps"], "is not a module name"),
+    (["1", "--steps", "./my_steps.py"], "give --steps my_steps"),
+    (["1", "--steps", "my-steps"], "is not a module name"),
     (["1", "--steps", "compare.exercises"], "has no torch_step_1; copy it"),
     (["6", "--spec", "adam"], "--spec 'adam' is not a JSON object"),
     (["6", "--spec", '{"epochs": 3}'], "sets epochs"),
