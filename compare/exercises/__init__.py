@@ -44,8 +44,11 @@ def har_max_norm():
     """Exercise 8's model: the HAR with its kernel held to a norm of at most 0.5 (`keras.constraints.MaxNorm`)."""
     import keras
 
-    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_constraint=keras.constraints.MaxNorm(0.5),
-                                                                   name="har")], name="har_max_norm")
+    from keras_side.models import HAR_INPUTS
+
+    return keras.Sequential([keras.Input((HAR_INPUTS,)),
+                             keras.layers.Dense(1, kernel_constraint=keras.constraints.MaxNorm(0.5), name="har")],
+                            name="har_max_norm")
 
 
 def batch(rows: int):

@@ -3,6 +3,7 @@ starts with `# snippet: <engine>`), or in the test it names (`# run by tests/...
 page), or is an excerpt (`# excerpt: <file>`), found line for line in that file, so it cannot go stale. Every other
 block says what it is: `bash`, commands whose programs, modules, make targets and `native-loops` options exist (they
 are parsed here, not run), or `text`, an output or a usage line, not run."""
+import functools
 import os
 import re
 import shlex
@@ -43,6 +44,12 @@ def prose(page) -> str:
     return re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
 
 
+@functools.lru_cache(maxsize=None)
+def anchors(page) -> set[str]:
+    """The `#anchor` of every heading of a page (read once, however many links point into it)."""
+    return {slug(h) for h in re.findall(r"^#+ (.*)$", prose(page), re.M)}
+
+
 def broken_links(page) -> list[str]:
     """The page's relative links whose file, or whose #anchor in it, is not there."""
     text = prose(page)
@@ -55,13 +62,13 @@ def broken_links(page) -> list[str]:
         if not linked.exists():
             broken.append(target)
         elif anchor and linked.suffix == ".md":
-            headings = {slug(h) for h in re.findall(r"^#+ (.*)$", prose(linked), re.M)}
-            broken += [target] if anchor not in headings else []
+            broken += [target] if anchor not in anchors(linked) else []
     return broken
 
 
 def test_every_link_resolves():
-    assert {p.name: broken_links(p) for p in PAGES if broken_links(p)} == {}
+    found = {p.name: broken_links(p) for p in PAGES}
+    assert {name: links for name, links in found.items() if links} == {}
 
 
 def test_a_broken_link_is_found(tmp_path):
